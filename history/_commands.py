@@ -1,0 +1,309 @@
+"""Commands the controller sends to a replica, and the descriptions they carry.
+
+Every command is a frozen dataclass built from tuples, strings, ints and frontiers only,
+so commands are hashable, comparable and safe to share between the history, the codec and
+the replicas. Each docstring states the command's preconditions and what the replica must
+answer (in the manner of Materialize's `protocol/command.rs`).
+
+This module may not import anything beyond the standard library.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal, Mapping, Union
+
+from history._frontier import Frontier, Timestamp
+
+# A literal value in a key lookup or a predicate. Temporal values travel as ISO strings
+# and are compared after a cast to the column's type.
+Scalar = Union[None, bool, int, float, str]
+
+
+def _pairs(mapping: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((str(k), str(v)) for k, v in mapping.items()))
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceConfig:
+    """Instance-wide settings, identical on every replica of the instance.
+
+    `spark_conf` holds the settings that decide *results* (partitioning, ANSI mode, time
+    zone), so every replica computes bit-identical rows whatever its size. Settings that
+    only decide resources (master, cores, memory) belong to a replica, never here.
+    Invariant: `spark_conf` is sorted by key and has no duplicate keys.
+    """
+
+    name: str
+    spark_conf: tuple[tuple[str, str], ...] = ()
+
+    @staticmethod
+    def of(name: str, spark_conf: Mapping[str, str]) -> InstanceConfig:
+        return InstanceConfig(name, _pairs(spark_conf))
+
+    def conf(self) -> dict[str, str]:
+        return dict(self.spark_conf)
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeParameters:
+    """Tunable replica parameters. A `None` field means "keep the current value".
+
+    `update` merges a newer set of parameters into this one; merging is associative, so
+    a run of `UpdateConfiguration`s can be folded into one.
+    """
+
+    max_result_rows: int | None = None
+    heartbeat_interval_ms: int | None = None
+    input_poll_interval_ms: int | None = None
+    arrangement_max_versions: int | None = None
+
+    def update(self, newer: ComputeParameters) -> ComputeParameters:
+        return ComputeParameters(
+            **{
+                name: getattr(self, name) if getattr(newer, name) is None else getattr(newer, name)
+                for name in self.__dataclass_fields__
+            }
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Import:
+    """A collection a dataflow reads, under the `name` its SQL uses.
+
+    `kind` is "storage" (a durable source or materialized view, read from the storage
+    manifest) or "index" (an arrangement exported by another dataflow of the same
+    instance, read from replica memory).
+    """
+
+    name: str
+    id: str
+    kind: Literal["storage", "index"] = "storage"
+
+
+@dataclass(frozen=True, slots=True)
+class IndexExport:
+    """An arrangement of the dataflow's output in replica memory, keyed by `key`.
+
+    An empty key arranges by the whole row.
+    """
+
+    id: str
+    key: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SinkExport:
+    """A materialized view: the dataflow's output written to storage collection `id`."""
+
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class DataflowDescription:
+    """What a replica needs to build one dataflow.
+
+    Invariants: at least one export; export ids are distinct and disjoint from import
+    ids; `as_of` is not empty (a dataflow with an empty `as_of` has been dropped). The
+    dataflow computes `sql` over `imports` at `as_of` and at every later time where an
+    input changed, up to (excluding) `until`. `schema` is the output schema as Spark DDL.
+    """
+
+    name: str
+    sql: str
+    imports: tuple[Import, ...]
+    index_exports: tuple[IndexExport, ...]
+    sink_exports: tuple[SinkExport, ...] = ()
+    as_of: Frontier = field(default_factory=Frontier.minimum)
+    until: Frontier = field(default_factory=Frontier.empty)
+    schema: str = ""
+
+    @property
+    def export_ids(self) -> tuple[str, ...]:
+        return tuple(e.id for e in self.index_exports) + tuple(e.id for e in self.sink_exports)
+
+    @property
+    def import_ids(self) -> tuple[str, ...]:
+        return tuple(i.id for i in self.imports)
+
+    def with_as_of(self, as_of: Frontier) -> DataflowDescription:
+        return replace(self, as_of=as_of)
+
+    def same_definition(self, other: DataflowDescription) -> bool:
+        """True iff both build the same collections from the same inputs.
+
+        `as_of` is deliberately left out: reconciliation keeps a running dataflow whose
+        definition is identical and whose old `as_of` is not beyond the new one.
+        """
+        return replace(self, as_of=other.as_of) == other
+
+
+@dataclass(frozen=True, slots=True)
+class Predicate:
+    """`column op value`, evaluated on a peek's rows. `in` takes a tuple of values."""
+
+    column: str
+    op: Literal["=", "!=", "<", "<=", ">", ">=", "in", "is_null", "is_not_null"]
+    value: Scalar | tuple[Scalar, ...] = None
+
+
+@dataclass(frozen=True, slots=True)
+class OrderBy:
+    column: str
+    descending: bool = False
+    nulls_last: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class RowSetFinishing:
+    """What a replica does to the rows of a peek before answering, in this order:
+    key lookup, filter, order by, offset, limit, projection.
+
+    `key` holds one literal per key column of the target index. Without `order_by` the
+    rows are sorted on all columns, so every replica answers the same rows in the same
+    order.
+    """
+
+    key: tuple[Scalar, ...] | None = None
+    filter: tuple[Predicate, ...] = ()
+    order_by: tuple[OrderBy, ...] = ()
+    offset: int = 0
+    limit: int | None = None
+    projection: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IndexTarget:
+    """Peek the arrangement of index `id`."""
+
+    id: str
+
+    @property
+    def collection_ids(self) -> tuple[str, ...]:
+        return (self.id,)
+
+
+@dataclass(frozen=True, slots=True)
+class SqlTarget:
+    """Peek the result of `sql` over indexes of the instance (`imports`), run by the
+    replica on Spark over the arranged versions at the peek's timestamp."""
+
+    sql: str
+    imports: tuple[Import, ...]
+
+    @property
+    def collection_ids(self) -> tuple[str, ...]:
+        return tuple(i.id for i in self.imports)
+
+
+PeekTarget = Union[IndexTarget, SqlTarget]
+
+
+# --- Commands -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """Opens a connection. Never stored in a history.
+
+    The replica refuses an epoch lower than the highest it has seen (a stale controller)
+    and tags every response on this connection with `nonce`.
+    """
+
+    controller_epoch: int
+    nonce: str
+
+
+@dataclass(frozen=True, slots=True)
+class CreateInstance:
+    """Instance-wide settings. Exactly once per connection, right after `Hello`.
+
+    The replica answers nothing; it applies `config` to its Spark session.
+    """
+
+    config: InstanceConfig
+
+
+@dataclass(frozen=True, slots=True)
+class InitializationComplete:
+    """Ends the replay of a history. The replica reconciles: it keeps the dataflows it
+    was already running whose definition matches, drops the rest, builds the new ones,
+    and answers `canceled` to pending peeks of an earlier connection."""
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateConfiguration:
+    """New tunable parameters; `None` fields keep their value. Answers nothing."""
+
+    params: ComputeParameters
+
+
+@dataclass(frozen=True, slots=True)
+class CreateDataflow:
+    """Build a dataflow. Precondition: its imports exist and are readable at `as_of`;
+    no live collection has one of its export ids.
+
+    The replica answers `Frontiers` for every export as its write frontier advances:
+    never below `as_of`, never regressing.
+    """
+
+    desc: DataflowDescription
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """Start computing the dataflow that exports `id`. Precondition: a `CreateDataflow`
+    for it came earlier. Idempotent: a second `Schedule` for the same id is a no-op."""
+
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class AllowCompaction:
+    """The controller will not read collection `id` at times before `frontier`.
+
+    The replica may merge versions below it. Never regresses for an id. Canonical form:
+    an `AllowCompaction` to the empty frontier *is* a drop; the replica answers a final
+    `Frontiers{id, []}` and nothing more for `id`.
+    """
+
+    id: str
+    frontier: Frontier
+
+
+@dataclass(frozen=True, slots=True)
+class Peek:
+    """Read `target` at `timestamp`, finished by `finishing`.
+
+    Precondition: the controller holds every target collection at `timestamp`, so
+    `since <= timestamp` until the peek is answered or canceled. The replica answers
+    exactly one `PeekResponse` for `uuid`: rows, an error (`timestamp < since`, a
+    dataflow in error, a timeout), or `canceled`.
+    """
+
+    uuid: str
+    target: PeekTarget
+    timestamp: Timestamp
+    finishing: RowSetFinishing = field(default_factory=RowSetFinishing)
+    timeout_ms: int = 30_000
+
+
+@dataclass(frozen=True, slots=True)
+class CancelPeek:
+    """Withdraw peek `uuid`. The replica answers `canceled` unless it already answered
+    the peek; a cancel for an unknown uuid is ignored."""
+
+    uuid: str
+
+
+ComputeCommand = Union[
+    CreateInstance,
+    InitializationComplete,
+    UpdateConfiguration,
+    CreateDataflow,
+    Schedule,
+    AllowCompaction,
+    Peek,
+    CancelPeek,
+]
+"""The commands a history may hold (everything but `Hello`)."""

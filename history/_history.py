@@ -1,0 +1,176 @@
+"""`CommandHistory`: an instance's commands, reduced as it grows.
+
+The controller pushes every command here *before* sending it, so the history exists with
+zero replicas and a new or rehydrated replica is brought up by replaying it. Reduction
+keeps the meaning (a replica that applies the reduced history ends in the same state as
+one that applies the full history) and bounds the length by the live objects and pending
+peeks, not by how many commands were ever pushed.
+
+This module may not import anything beyond the standard library.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from history._commands import (
+    AllowCompaction,
+    CancelPeek,
+    ComputeCommand,
+    ComputeParameters,
+    CreateDataflow,
+    CreateInstance,
+    DataflowDescription,
+    InitializationComplete,
+    Peek,
+    Schedule,
+    UpdateConfiguration,
+)
+from history._frontier import Frontier
+
+
+def reduce_commands(commands: Iterable[ComputeCommand]) -> list[ComputeCommand]:
+    """The reduced form of `commands` (DESIGN section 5).
+
+    - one `CreateInstance` (the first); all `UpdateConfiguration`s merged into one;
+    - `AllowCompaction`: the last one per id wins, then is folded into its dataflow's
+      `as_of` = join(as_of, meet of the exports' frontiers); one equal to (or below) the
+      new `as_of` disappears; a dataflow whose `as_of` became empty disappears with its
+      `Schedule`s; compactions of ids no dataflow here exports disappear;
+    - a `Peek` and its `CancelPeek` both disappear; duplicate `Schedule`s collapse;
+    - order: CreateInstance, UpdateConfiguration, CreateDataflow*, Schedule*, Peek*,
+      AllowCompaction*, InitializationComplete.
+
+    Invariants: the result is a fixed point (`reduce_commands(r) == r`), and its length
+    is at most 3 + pending peeks + sum over live dataflows of (2 + exports).
+    """
+    create_instance: CreateInstance | None = None
+    parameters: ComputeParameters | None = None
+    dataflows: dict[str, DataflowDescription] = {}  # first export id -> description
+    owner: dict[str, str] = {}  # export id -> first export id of its dataflow
+    schedules: dict[str, None] = {}  # ordered set of scheduled ids
+    peeks: dict[str, Peek] = {}
+    compactions: dict[str, Frontier] = {}
+    initialized = False
+
+    # Ordered by how often each command occurs in a long-running history.
+    for command in commands:
+        kind = type(command)
+        if kind is AllowCompaction:
+            compactions[command.id] = command.frontier
+        elif kind is Peek:
+            peeks[command.uuid] = command
+        elif kind is CancelPeek:
+            peeks.pop(command.uuid, None)
+        elif kind is Schedule:
+            schedules[command.id] = None
+        elif kind is CreateDataflow:
+            desc = command.desc
+            key = desc.export_ids[0]
+            dataflows[key] = desc
+            for export_id in desc.export_ids:
+                owner[export_id] = key
+        elif kind is UpdateConfiguration:
+            parameters = command.params if parameters is None else parameters.update(command.params)
+        elif kind is CreateInstance:
+            if create_instance is None:
+                create_instance = command
+        elif kind is InitializationComplete:
+            initialized = True
+        else:
+            raise TypeError(f"not a history command: {command!r}")
+
+    reduced: list[ComputeCommand] = []
+    if create_instance is not None:
+        reduced.append(create_instance)
+    if parameters is not None:
+        reduced.append(UpdateConfiguration(parameters))
+
+    live: set[str] = set()
+    kept_compactions: list[ComputeCommand] = []
+    for key, desc in dataflows.items():
+        since = Frontier.empty()
+        for export_id in desc.export_ids:
+            since = since.meet(compactions.get(export_id, desc.as_of))
+        as_of = desc.as_of.join(since)
+        if as_of.is_empty:
+            continue
+        live.add(key)
+        reduced.append(CreateDataflow(desc if as_of == desc.as_of else desc.with_as_of(as_of)))
+        for export_id in desc.export_ids:
+            frontier = compactions.get(export_id)
+            if frontier is not None and frontier > as_of:
+                kept_compactions.append(AllowCompaction(export_id, frontier))
+
+    reduced.extend(Schedule(id) for id in schedules if owner.get(id) in live)
+    reduced.extend(peeks.values())
+    reduced.extend(kept_compactions)
+    if initialized:
+        reduced.append(InitializationComplete())
+    return reduced
+
+
+class CommandHistory:
+    """An instance's command history, reduced whenever it doubles.
+
+    Invariants: applying `commands` gives the same replica state as applying every
+    command ever pushed, in order; after each push, `len(self) <= 2 * reduced_length`
+    unless the push itself triggered a reduction. Positions are absolute counts of
+    pushed commands, so a replica that acknowledged position p can be caught up with
+    `suffix_since(p)` while p is not older than the last reduction.
+    """
+
+    __slots__ = ("_commands", "_reduced_length", "_reduced_at", "pushed", "reductions")
+
+    def __init__(self, commands: Iterable[ComputeCommand] = ()) -> None:
+        self._commands: list[ComputeCommand] = []
+        self._reduced_length = 0  # length right after the last reduction
+        self._reduced_at = 0  # value of `pushed` at the last reduction
+        self.pushed = 0  # commands pushed, ever
+        self.reductions = 0  # reductions done, ever
+        for command in commands:
+            self.push(command)
+
+    def push(self, command: ComputeCommand) -> None:
+        """Append `command`; reduce when the length exceeds twice the reduced length."""
+        commands = self._commands
+        commands.append(command)
+        self.pushed += 1
+        if len(commands) > 2 * self._reduced_length:
+            self.reduce()
+
+    def reduce(self) -> None:
+        self._commands = reduce_commands(self._commands)
+        self._reduced_length = len(self._commands)
+        self._reduced_at = self.pushed
+        self.reductions += 1
+
+    @property
+    def commands(self) -> Sequence[ComputeCommand]:
+        """The current commands, oldest first. Do not mutate."""
+        return self._commands
+
+    @property
+    def position(self) -> int:
+        """The absolute position after the newest command (= commands pushed)."""
+        return self.pushed
+
+    def suffix_since(self, position: int) -> Sequence[ComputeCommand] | None:
+        """The commands pushed after absolute `position`, or None when a reduction has
+        rewritten some of them (the caller must then replay the whole history)."""
+        if position < self._reduced_at or position > self.pushed:
+            return None
+        start = self._reduced_length + (position - self._reduced_at)
+        return self._commands[start:]
+
+    def __len__(self) -> int:
+        return len(self._commands)
+
+    def __iter__(self):
+        return iter(self._commands)
+
+    def __repr__(self) -> str:
+        return (
+            f"CommandHistory(len={len(self._commands)}, pushed={self.pushed}, "
+            f"reductions={self.reductions})"
+        )
