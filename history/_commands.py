@@ -37,6 +37,11 @@ class InstanceConfig:
     name: str
     spark_conf: tuple[tuple[str, str], ...] = ()
 
+    def __post_init__(self) -> None:
+        keys = [key for key, _ in self.spark_conf]
+        if keys != sorted(set(keys)):
+            raise ValueError("InstanceConfig.spark_conf must be sorted by key without duplicates; use InstanceConfig.of")
+
     @staticmethod
     def of(name: str, spark_conf: Mapping[str, str]) -> InstanceConfig:
         return InstanceConfig(name, _pairs(spark_conf))
@@ -145,6 +150,17 @@ class Predicate:
     column: str
     op: Literal["=", "!=", "<", "<=", ">", ">=", "in", "is_null", "is_not_null"]
     value: Scalar | tuple[Scalar, ...] = None
+
+    def __post_init__(self) -> None:
+        if self.op not in _PREDICATE_OPS:
+            raise ValueError(f"unknown predicate op {self.op!r}; expected one of {', '.join(_PREDICATE_OPS)}")
+        if (self.op == "in") != isinstance(self.value, tuple):
+            raise ValueError(f"predicate op {self.op!r} {'needs' if self.op == 'in' else 'cannot take'} a tuple of values")
+        if self.op in ("is_null", "is_not_null") and self.value is not None:
+            raise ValueError(f"predicate op {self.op!r} takes no value")
+
+
+_PREDICATE_OPS = ("=", "!=", "<", "<=", ">", ">=", "in", "is_null", "is_not_null")
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,6 +302,10 @@ class Peek:
     timestamp: Timestamp
     finishing: RowSetFinishing = field(default_factory=RowSetFinishing)
     timeout_ms: int = 30_000
+
+    def __post_init__(self) -> None:
+        if self.timestamp < 0:
+            raise ValueError(f"a peek timestamp must be non-negative, not {self.timestamp}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,6 +71,9 @@ class DataflowStatus:
 class StatusResponse:
     """A heartbeat, sent at least once a second, with what the controller reports.
 
+    `heartbeat` counts the heartbeats this replica process has sent (a sequence number,
+    not a time).
+
     `dataflows_kept` and `dataflows_built` count, since the replica process started, the
     dataflows reconciliation kept running and the ones it had to build.
     """
