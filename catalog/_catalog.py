@@ -1,0 +1,457 @@
+"""`Catalog`: the durable record of instances, replicas, collections, dataflows, the
+storage manifest, the id allocator, the timestamp oracle and the controller epoch.
+
+Rules of this module:
+- `Catalog.open(url)` migrates the schema through Alembic and bumps nothing, so
+  replicas use it too. A controller then calls `become_controller()`, which bumps the
+  epoch in its own transaction.
+- Every mutation runs in one transaction that first checks the epoch is still this
+  catalog's (`SELECT ... FOR SHARE` on PostgreSQL, so a concurrent bump waits for it, and
+  it for the bump; `BEGIN IMMEDIATE` serializes writers on SQLite). Otherwise it raises
+  `Fenced`, having written nothing. A catalog that never became controller may only
+  compare-and-append, guarded by the upper check alone.
+- A refused call writes nothing: checks come first, and the transaction rolls back on
+  any error. Reads return frozen records, never ORM rows.
+- The oracle's clock (`now_ms`) is injected, so tests can move it backwards.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Self
+
+from sqlalchemy import Engine, select
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from catalog import _collections, _instances, _manifest, _recovery
+from catalog._engine import default_url, make_engine, read_only, upgrade
+from catalog._errors import AlreadyExists, Fenced
+from catalog._instances import (
+    DEFAULT_MAX_LAG_MS,
+    DEFAULT_MIN_IN_SYNC,
+    DEFAULT_REPLICA_TIMEOUT_MS,
+    UNSET,
+)
+from catalog._models import ControllerEpoch, TimestampOracle
+from catalog._records import (
+    BatchInfo,
+    CollectionInfo,
+    DataflowInfo,
+    InstanceInfo,
+    ManifestState,
+    Namespace,
+    NewBatch,
+    ReplicaInfo,
+)
+from history import ComputeCommand, ComputeParameters, Frontier, Import
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Catalog:
+    """A connection to the catalog database. Thread-safe: every call runs its own
+    transaction on a pooled connection.
+
+    `epoch` is None until `become_controller()`; from then on every mutation is fenced
+    against it.
+    """
+
+    def __init__(self, engine: Engine, *, now_ms: Callable[[], int] = wall_clock_ms) -> None:
+        """Use `Catalog.open`; this assumes the schema is at head already."""
+        self._engine = engine
+        self._reader = read_only(engine)
+        self._now_ms = now_ms
+        self._epoch: int | None = None
+
+    @classmethod
+    def open(cls, url: str | URL, *, now_ms: Callable[[], int] = wall_clock_ms) -> Catalog:
+        """Open the catalog at `url`, creating or upgrading its schema to the head
+        revision. Bumps nothing: the result may serve a replica as it is."""
+        engine = make_engine(url)
+        try:
+            upgrade(engine)
+        except BaseException:
+            engine.dispose()
+            raise
+        return cls(engine, now_ms=now_ms)
+
+    default_url = staticmethod(default_url)
+
+    @property
+    def url(self) -> URL:
+        return self._engine.url
+
+    @property
+    def dialect(self) -> str:
+        """'sqlite' or 'postgresql'."""
+        return self._engine.dialect.name
+
+    @property
+    def epoch(self) -> int | None:
+        return self._epoch
+
+    @property
+    def is_controller(self) -> bool:
+        return self._epoch is not None
+
+    def now_ms(self) -> int:
+        """The catalog's clock (wall clock unless injected)."""
+        return self._now_ms()
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- Transactions -------------------------------------------------------------------
+
+    @contextmanager
+    def _write(self, *, fenced: bool = True, conflict: str | None = None) -> Iterator[Session]:
+        """One write transaction, fenced by the epoch unless `fenced` is False.
+        `conflict` is the AlreadyExists message for a unique-constraint violation (two
+        concurrent creations of one name)."""
+        if fenced and self._epoch is None:
+            raise Fenced(
+                "this catalog is not the controller's: call become_controller() before "
+                "writing (replicas may only compare_and_append)",
+                epoch=None,
+                current=None,
+            )
+        session = Session(self._engine, expire_on_commit=False)
+        try:
+            with session.begin():
+                if fenced:
+                    self._check_epoch(session)
+                yield session
+        except IntegrityError as error:
+            if conflict is None or "unique" not in str(error.orig).lower():
+                raise
+            raise AlreadyExists(conflict) from error
+        finally:
+            session.close()
+
+    def _check_epoch(self, session: Session) -> None:
+        current = session.scalars(
+            select(ControllerEpoch.epoch).where(ControllerEpoch.id == 1).with_for_update(read=True)
+        ).one()
+        if current != self._epoch:
+            raise Fenced(
+                f"controller epoch {self._epoch} was superseded by epoch {current}: another "
+                f"controller opened the catalog, so this one must stop",
+                epoch=self._epoch,
+                current=current,
+            )
+
+    @contextmanager
+    def _read(self) -> Iterator[Session]:
+        """One read transaction over a single consistent snapshot."""
+        with Session(self._reader) as session, session.begin():
+            yield session
+
+    # --- Epoch and timestamps -----------------------------------------------------------
+
+    def become_controller(self) -> int:
+        """Bump the controller epoch and hold the new one: every later mutation through
+        this object is fenced against it, and every older controller is fenced."""
+        with self._write(fenced=False) as session:
+            row = session.scalars(
+                select(ControllerEpoch).where(ControllerEpoch.id == 1).with_for_update()
+            ).one()
+            row.epoch += 1
+            epoch = row.epoch
+        self._epoch = epoch
+        return epoch
+
+    def check_epoch(self) -> None:
+        """Raise `Fenced` unless this catalog is the current controller's."""
+        with self._write():
+            pass
+
+    def controller_epoch(self) -> int:
+        """The epoch recorded in the catalog (0 before any controller)."""
+        with self._read() as session:
+            return session.scalars(select(ControllerEpoch.epoch)).one()
+
+    def write_ts(self) -> int:
+        """A new write timestamp: `max(now_ms(), last + 1)`, durably recorded (fenced)
+        before it is returned. Strictly increasing across calls, processes and
+        restarts, and never behind this catalog's clock."""
+        with self._write() as session:
+            row = session.scalars(
+                select(TimestampOracle).where(TimestampOracle.id == 1).with_for_update()
+            ).one()
+            ts = max(self._now_ms(), row.last_ts + 1)
+            row.last_ts = ts
+        return ts
+
+    def read_ts(self) -> int:
+        """The latest write timestamp handed out (0 before the first)."""
+        with self._read() as session:
+            return session.scalars(select(TimestampOracle.last_ts)).one()
+
+    # --- Instances and replicas ---------------------------------------------------------
+
+    def create_instance(
+        self,
+        name: str,
+        *,
+        spark_conf: Mapping[str, str] | None = None,
+        min_in_sync: int = DEFAULT_MIN_IN_SYNC,
+        max_lag_ms: int = DEFAULT_MAX_LAG_MS,
+        replica_timeout_ms: int = DEFAULT_REPLICA_TIMEOUT_MS,
+        parameters: ComputeParameters | None = None,
+    ) -> InstanceInfo:
+        """Record an instance. Its Spark configuration is `DETERMINISTIC_SPARK_CONF` with
+        `spark_conf` on top, fixed from now on; resource settings are refused."""
+        with self._write(conflict=f"instance {name!r} already exists") as session:
+            return _instances.create_instance(
+                session,
+                name,
+                spark_conf=spark_conf or {},
+                min_in_sync=min_in_sync,
+                max_lag_ms=max_lag_ms,
+                replica_timeout_ms=replica_timeout_ms,
+                parameters=parameters or ComputeParameters(),
+            )
+
+    def update_instance(
+        self,
+        name: str,
+        *,
+        min_in_sync: int | None = None,
+        max_lag_ms: int | None = None,
+        replica_timeout_ms: int | None = None,
+        parameters: ComputeParameters | None = None,
+    ) -> InstanceInfo:
+        """Replace the options given; merge `parameters` into the recorded ones."""
+        with self._write() as session:
+            return _instances.update_instance(
+                session,
+                name,
+                min_in_sync=min_in_sync,
+                max_lag_ms=max_lag_ms,
+                replica_timeout_ms=replica_timeout_ms,
+                parameters=parameters,
+            )
+
+    def drop_instance(self, name: str) -> None:
+        """Drop an instance, its replicas and its dataflows (their collections are
+        marked dropped). Refused while another instance imports one of its views."""
+        with self._write() as session:
+            _collections.drop_instance(session, name, self._now_ms())
+
+    def get_instance(self, name: str) -> InstanceInfo:
+        with self._read() as session:
+            return _instances.get_instance(session, name)
+
+    def list_instances(self) -> list[InstanceInfo]:
+        with self._read() as session:
+            return _instances.list_instances(session)
+
+    def create_replica(
+        self,
+        instance: str,
+        name: str,
+        *,
+        size: str,
+        spark_master: str = "local[1]",
+        spark_conf: Mapping[str, str] | None = None,
+        address: str | None = None,
+    ) -> ReplicaInfo:
+        """Record a replica: managed (spawned by the orchestrator) without `address`,
+        external with one. `spark_conf` may hold resource settings only."""
+        conflict = f"instance {instance!r} already has a replica {name!r}"
+        with self._write(conflict=conflict) as session:
+            return _instances.create_replica(
+                session,
+                instance,
+                name,
+                size=size,
+                spark_master=spark_master,
+                spark_conf=spark_conf or {},
+                address=address,
+            )
+
+    def update_replica(
+        self,
+        instance: str,
+        name: str,
+        *,
+        address: str | None = UNSET,
+        pid: int | None = UNSET,
+        incarnation: int = UNSET,
+    ) -> ReplicaInfo:
+        """Record a managed replica's address and pid, or a new incarnation (which
+        never regresses). Arguments left out keep their recorded values."""
+        with self._write() as session:
+            return _instances.update_replica(
+                session, instance, name, address=address, pid=pid, incarnation=incarnation
+            )
+
+    def drop_replica(self, instance: str, name: str) -> None:
+        with self._write() as session:
+            _instances.drop_replica(session, instance, name)
+
+    def get_replica(self, instance: str, name: str) -> ReplicaInfo:
+        with self._read() as session:
+            return _instances.get_replica(session, instance, name)
+
+    def list_replicas(self, instance: str | None = None) -> list[ReplicaInfo]:
+        with self._read() as session:
+            return _instances.list_replicas(session, instance)
+
+    # --- Collections and dataflows ------------------------------------------------------
+
+    def create_source(
+        self, name: str, schema: str, *, since: Frontier = Frontier.minimum()
+    ) -> CollectionInfo:
+        """Record a source with `since = upper = since`. `schema` is stored as given;
+        `Storage.create_source` checks and normalizes it first."""
+        conflict = f"a storage collection named {name!r} already exists"
+        with self._write(conflict=conflict) as session:
+            return _collections.create_source(session, name, schema=schema, since=since)
+
+    def drop_source(self, id: str) -> None:
+        """Drop a source; its batch files are retired. Refused while a dataflow imports it."""
+        with self._write() as session:
+            _collections.drop_source(session, id, self._now_ms())
+
+    def get_collection(self, id: str) -> CollectionInfo:
+        """Collection `id`, dropped or not."""
+        with self._read() as session:
+            return _collections.get_collection(session, id)
+
+    def collection_by_name(self, name: str, namespace: Namespace = "storage") -> CollectionInfo:
+        """The live collection named `name` in `namespace` ('storage' or 'compute')."""
+        with self._read() as session:
+            return _collections.collection_by_name(session, name, namespace)
+
+    def list_collections(self, *, include_dropped: bool = False) -> list[CollectionInfo]:
+        with self._read() as session:
+            return _collections.list_collections(session, include_dropped=include_dropped)
+
+    def record_frontiers(
+        self, id: str, *, since: Frontier | None = None, upper: Frontier | None = None
+    ) -> CollectionInfo:
+        """Record an index's since and/or upper; values below the recorded ones are
+        ignored. (Storage collections move by compare_and_append and read holds.)"""
+        with self._write() as session:
+            return _collections.record_frontiers(session, id, since=since, upper=upper)
+
+    def create_dataflow(
+        self,
+        instance: str,
+        name: str,
+        *,
+        sql: str,
+        imports: Sequence[Import],
+        schema: str,
+        as_of: Frontier,
+        index_key: Sequence[str] | None = None,
+        materialized: bool = False,
+        until: Frontier = Frontier.empty(),
+        compaction_window_ms: int | None = None,
+    ) -> DataflowInfo:
+        """Record a dataflow exporting an index named `name` (keyed by `index_key`)
+        and/or a materialized view named `name`. Imports must be live and readable at
+        `as_of`; indexes only from the same instance."""
+        conflict = f"a dataflow, index or materialized view named {name!r} already exists"
+        with self._write(conflict=conflict) as session:
+            return _collections.create_dataflow(
+                session,
+                instance,
+                name,
+                sql=sql,
+                imports=imports,
+                schema=schema,
+                index_key=index_key,
+                materialized=materialized,
+                as_of=as_of,
+                until=until,
+                compaction_window_ms=compaction_window_ms,
+            )
+
+    def drop_dataflow(self, id: str) -> None:
+        """Drop a dataflow; its exports are marked dropped, a view's files retired.
+        Refused while another dataflow imports one of its exports."""
+        with self._write() as session:
+            _collections.drop_dataflow(session, id, self._now_ms())
+
+    def get_dataflow(self, id: str) -> DataflowInfo:
+        with self._read() as session:
+            return _collections.get_dataflow(session, id)
+
+    def dataflow_by_name(self, instance: str, name: str) -> DataflowInfo:
+        with self._read() as session:
+            return _collections.dataflow_by_name(session, instance, name)
+
+    def list_dataflows(self, instance: str | None = None) -> list[DataflowInfo]:
+        with self._read() as session:
+            return _collections.list_dataflows(session, instance)
+
+    def recover_history(self, instance: str) -> list[ComputeCommand]:
+        """The command history that rebuilds `instance` after a controller crash:
+        CreateInstance, merged configuration, each live dataflow (dependency order,
+        `as_of` = its recorded since), their Schedules, InitializationComplete."""
+        with self._read() as session:
+            return _recovery.recover_history(session, instance)
+
+    # --- Storage manifest (used by `storage.Storage`) -----------------------------------
+
+    def manifest(self, id: str) -> ManifestState:
+        """Frontiers, batches and holds of storage collection `id`, in one snapshot."""
+        with self._read() as session:
+            return _manifest.manifest_state(session, id)
+
+    def append_batch(
+        self, id: str, expected_upper: Frontier, new_upper: Frontier, batch: NewBatch | None
+    ) -> CollectionInfo:
+        """The commit of compare-and-append: if the upper of `id` is `expected_upper`,
+        record `batch` (covering `[expected_upper, new_upper)`) and the new upper in one
+        transaction; else raise `UpperMismatch`. Fenced if this catalog is a
+        controller's; a replica's is guarded by the upper check alone."""
+        with self._write(fenced=self.is_controller) as session:
+            return _manifest.append_batch(session, id, expected_upper, new_upper, batch)
+
+    def replace_batches(self, id: str, old: Sequence[BatchInfo], new: NewBatch | None) -> bool:
+        """The commit of compaction (see `_manifest.replace_batches`)."""
+        with self._write() as session:
+            return _manifest.replace_batches(session, id, old, new, self._now_ms())
+
+    def acquire_read_hold(self, id: str, holder: str, frontier: Frontier) -> CollectionInfo:
+        """A new hold by `holder` at `frontier` (not below since)."""
+        with self._write() as session:
+            return _manifest.acquire_read_hold(session, id, holder, frontier)
+
+    def downgrade_read_hold(self, id: str, holder: str, frontier: Frontier) -> CollectionInfo:
+        """Move `holder`'s hold forward to `frontier`; empty releases it."""
+        with self._write() as session:
+            return _manifest.downgrade_read_hold(session, id, holder, frontier)
+
+    def release_read_hold(self, id: str, holder: str) -> CollectionInfo:
+        with self._write() as session:
+            return _manifest.release_read_hold(session, id, holder)
+
+    def referenced_paths(self) -> set[str]:
+        """Every blob path named by a batch or a retired-file row."""
+        with self._read() as session:
+            return _manifest.referenced_paths(session)
+
+    def retired_paths(self, retired_before_ms: int) -> list[str]:
+        with self._read() as session:
+            return _manifest.retired_paths(session, retired_before_ms)
+
+    def forget_retired(self, paths: Sequence[str]) -> None:
+        """Remove retired-file rows once their files are deleted."""
+        with self._write() as session:
+            _manifest.forget_retired(session, paths)

@@ -1,0 +1,110 @@
+"""Engines for the catalog database, and schema migration through Alembic.
+
+Rules of this module:
+- SQLite (the default) runs in WAL mode with a busy timeout and foreign keys on. Write
+  transactions start with `BEGIN IMMEDIATE`, so concurrent writers queue on the busy
+  timeout instead of failing when a read lock must be upgraded; read transactions start
+  with a plain `BEGIN` and see one snapshot.
+- PostgreSQL is reached through psycopg 3. Read transactions run at REPEATABLE READ so a
+  multi-statement read sees one snapshot; writes run at READ COMMITTED and take explicit
+  row locks (see `_catalog.py`).
+- The schema is created and upgraded only by Alembic (`migrations/`, found as the package
+  resource "migrations:"; this module does not import it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import URL, make_url
+
+BUSY_TIMEOUT_MS = 30_000
+MIGRATIONS = "migrations:"
+READ_ONLY = "tandem_read_only"  # execution option marking read transactions
+
+
+def default_url(data_dir: str | Path) -> str:
+    """The default catalog: `sqlite:///<data-dir>/catalog.db`."""
+    return f"sqlite:///{Path(data_dir).resolve() / 'catalog.db'}"
+
+
+def normalize_url(url: str | URL) -> URL:
+    """`url` as an SQLAlchemy URL; a bare `postgresql://` gets the psycopg 3 driver."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed
+
+
+def make_engine(url: str | URL) -> Engine:
+    """An engine with the transaction behaviour this module's docstring describes."""
+    parsed = normalize_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return _sqlite_engine(parsed)
+    return create_engine(parsed, pool_size=8, max_overflow=16)
+
+
+def _sqlite_engine(url: URL) -> Engine:
+    database = url.database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        raise ValueError(f"the catalog needs a SQLite file, not {database or 'memory'!r}")
+    Path(database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+        # Take BEGIN away from the sqlite3 module: it would skip it for SELECTs.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection) -> None:  # type: ignore[no-untyped-def]
+        read_only = connection.get_execution_options().get(READ_ONLY, False)
+        connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+    return engine
+
+
+def read_only(engine: Engine) -> Engine:
+    """A view of `engine` whose transactions read one consistent snapshot."""
+    if engine.dialect.name == "postgresql":
+        return engine.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
+    return engine.execution_options(**{READ_ONLY: True})
+
+
+def alembic_config(connection: object | None = None) -> Config:
+    """An Alembic configuration for the migrations package; with `connection`, env.py
+    migrates over it instead of opening its own."""
+    config = Config()
+    config.set_main_option("script_location", MIGRATIONS)
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+def head_revision() -> str:
+    heads = ScriptDirectory.from_config(alembic_config()).get_heads()
+    if len(heads) != 1:
+        raise RuntimeError(f"the migrations must have exactly one head, not {heads}")
+    return heads[0]
+
+
+def upgrade(engine: Engine) -> None:
+    """Bring the schema to the head revision (a no-op when it is there already)."""
+    head = head_revision()
+    with read_only(engine).connect() as connection:
+        current = MigrationContext.configure(connection).get_current_revision()
+        connection.rollback()
+    if current == head:
+        return
+    with engine.connect() as connection:
+        command.upgrade(alembic_config(connection), "head")

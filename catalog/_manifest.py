@@ -1,0 +1,227 @@
+"""The storage manifest: batches, read holds and retired files of storage collections.
+
+Rules:
+- `append_batch` is the commit step of compare-and-append: under a lock on the
+  collection row, it checks that the upper still equals the expected one, then records
+  the batch (if any) and the new upper together. Nothing else moves a storage upper.
+- `since` = max(since, least read hold): it never regresses, and only advances as far
+  as every hold allows. With no holds it stays where it is. A hold below since is
+  refused.
+- `replace_batches` is the commit step of compaction: batches wholly below since are
+  replaced by one, in one transaction, and their files retired (not deleted), so a
+  reader holding an older plan can still open them during the grace period.
+- Functions neither commit nor roll back, and check everything before they write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import delete, func, insert, select
+from sqlalchemy.orm import Session
+
+from catalog._checks import check_frontier, check_text
+from catalog._collections import STORAGE, collection_row
+from catalog._errors import AlreadyExists, InvalidArgument, NotFound, UpperMismatch
+from catalog._models import Batch, Collection, ReadHold, RetiredBlob, frontier_from_db
+from catalog._records import (
+    BatchInfo,
+    CollectionInfo,
+    ManifestState,
+    NewBatch,
+    batch_info,
+    collection_info,
+)
+from history import Frontier
+
+
+def storage_row(session: Session, id: str, *, lock: bool) -> Collection:
+    row = collection_row(session, id, lock=lock)
+    if row.namespace != STORAGE:
+        raise InvalidArgument(
+            f"{id} ({row.name}) is an index: it lives in replica memory, not in storage"
+        )
+    return row
+
+
+def check_append_frontiers(id: str, expected_upper: Frontier, new_upper: Frontier) -> None:
+    """InvalidArgument unless `[expected_upper, new_upper)` is a possible append: the
+    expected upper is not closed, and the new one lies beyond it."""
+    check_frontier("expected_upper", expected_upper, allow_empty=True)
+    check_frontier("new_upper", new_upper, allow_empty=True)
+    if expected_upper.is_empty:
+        raise InvalidArgument(
+            f"{id}: expected_upper is empty; a closed collection takes no appends"
+        )
+    if new_upper <= expected_upper:
+        raise InvalidArgument(
+            f"{id}: new_upper ({new_upper.time}) must be beyond "
+            f"expected_upper ({expected_upper.time})"
+        )
+
+
+def manifest_state(session: Session, id: str) -> ManifestState:
+    row = storage_row(session, id, lock=False)
+    batches = session.scalars(select(Batch).where(Batch.collection_id == id).order_by(Batch.lower))
+    holds = session.scalars(
+        select(ReadHold).where(ReadHold.collection_id == id).order_by(ReadHold.holder)
+    )
+    return ManifestState(
+        collection=collection_info(row),
+        batches=tuple(batch_info(b) for b in batches),
+        holds=tuple((h.holder, frontier_from_db(h.frontier)) for h in holds),
+    )
+
+
+def append_batch(
+    session: Session,
+    id: str,
+    expected_upper: Frontier,
+    new_upper: Frontier,
+    batch: NewBatch | None,
+) -> CollectionInfo:
+    check_append_frontiers(id, expected_upper, new_upper)
+    row = storage_row(session, id, lock=True)
+    current = frontier_from_db(row.upper)
+    if current != expected_upper:
+        raise UpperMismatch(id, expected_upper, current)
+    if batch is not None:
+        session.execute(
+            insert(Batch).values(
+                collection_id=id,
+                lower=expected_upper.time,
+                upper=new_upper.time,
+                path=batch.path,
+                rows=batch.rows,
+                bytes=batch.bytes,
+            )
+        )
+    row.upper = new_upper.time
+    session.flush()
+    return collection_info(row)
+
+
+def replace_batches(
+    session: Session,
+    id: str,
+    old: Sequence[BatchInfo],
+    new: NewBatch | None,
+    retired_at_ms: int,
+) -> bool:
+    """Replace batches `old` (wholly below since, contiguous in the manifest) by `new`,
+    covering `[old[0].lower, old[-1].upper)`. False, changing nothing, if some batch of
+    `old` is gone (a concurrent compaction won)."""
+    row = storage_row(session, id, lock=True)
+    since = frontier_from_db(row.since)
+    ids = [b.id for b in old]
+    found = session.scalars(select(Batch.id).where(Batch.collection_id == id, Batch.id.in_(ids)))
+    if len(set(found)) != len(ids):
+        return False
+    if any(b.upper > since for b in old):
+        raise InvalidArgument(
+            f"{id}: only batches wholly below since ({since.time}) may be compacted"
+        )
+    session.execute(delete(Batch).where(Batch.id.in_(ids)))
+    session.execute(
+        insert(RetiredBlob), [{"path": b.path, "retired_at_ms": retired_at_ms} for b in old]
+    )
+    if new is not None:
+        session.execute(
+            insert(Batch).values(
+                collection_id=id,
+                lower=old[0].lower,
+                upper=old[-1].upper.time,
+                path=new.path,
+                rows=new.rows,
+                bytes=new.bytes,
+            )
+        )
+    session.flush()
+    return True
+
+
+# --- Read holds -----------------------------------------------------------------------
+
+
+def _hold_row(session: Session, id: str, holder: str) -> ReadHold:
+    hold = session.get(ReadHold, (id, holder))
+    if hold is None:
+        raise NotFound(f"{holder!r} holds no read hold on {id}")
+    return hold
+
+
+def _advance_since(session: Session, row: Collection) -> CollectionInfo:
+    least = session.scalar(
+        select(func.min(ReadHold.frontier)).where(ReadHold.collection_id == row.id)
+    )
+    if least is not None and least > row.since:
+        row.since = least
+    session.flush()
+    return collection_info(row)
+
+
+def acquire_read_hold(session: Session, id: str, holder: str, frontier: Frontier) -> CollectionInfo:
+    check_text("holder", holder)
+    check_frontier("frontier", frontier, allow_empty=False)
+    row = storage_row(session, id, lock=True)
+    if frontier < frontier_from_db(row.since):
+        raise InvalidArgument(
+            f"cannot hold {id} ({row.name}) at {frontier.time}: its since is already {row.since}"
+        )
+    if session.get(ReadHold, (id, holder)) is not None:
+        raise AlreadyExists(f"{holder!r} already holds {id}; downgrade or release that hold")
+    session.add(ReadHold(collection_id=id, holder=holder, frontier=frontier.time))
+    session.flush()
+    return _advance_since(session, row)
+
+
+def downgrade_read_hold(
+    session: Session, id: str, holder: str, frontier: Frontier
+) -> CollectionInfo:
+    """Move a hold forward (allowing more compaction); the empty frontier releases it."""
+    check_frontier("frontier", frontier, allow_empty=True)
+    row = storage_row(session, id, lock=True)
+    hold = _hold_row(session, id, holder)
+    if frontier < frontier_from_db(hold.frontier):
+        raise InvalidArgument(
+            f"a read hold only moves forward: {holder!r} holds {id} at {hold.frontier}, "
+            f"not back to {frontier.time}"
+        )
+    if frontier.is_empty:
+        session.delete(hold)
+    else:
+        hold.frontier = frontier.time
+    session.flush()
+    return _advance_since(session, row)
+
+
+def release_read_hold(session: Session, id: str, holder: str) -> CollectionInfo:
+    row = storage_row(session, id, lock=True)
+    session.delete(_hold_row(session, id, holder))
+    session.flush()
+    return _advance_since(session, row)
+
+
+# --- Garbage --------------------------------------------------------------------------
+
+
+def referenced_paths(session: Session) -> set[str]:
+    """Every path a manifest row or a retired-file row names."""
+    live = session.scalars(select(Batch.path)).all()
+    retired = session.scalars(select(RetiredBlob.path)).all()
+    return set(live) | set(retired)
+
+
+def retired_paths(session: Session, retired_before_ms: int) -> list[str]:
+    return list(
+        session.scalars(
+            select(RetiredBlob.path)
+            .where(RetiredBlob.retired_at_ms < retired_before_ms)
+            .order_by(RetiredBlob.path)
+        )
+    )
+
+
+def forget_retired(session: Session, paths: Sequence[str]) -> None:
+    if paths:
+        session.execute(delete(RetiredBlob).where(RetiredBlob.path.in_(list(paths))))

@@ -1,0 +1,268 @@
+"""SQLAlchemy models of the catalog: the one description of its tables.
+
+Rules of this module:
+- Models are typed (`Mapped[...]`) and named by `NAMING_CONVENTION`, so every constraint
+  has a stable name Alembic can find again. The schema itself is only ever created or
+  changed by the migrations in `migrations/`; a test checks that they agree with these
+  models.
+- Rows never leave the catalog package: `_records.py` converts them to frozen
+  dataclasses at the edge. No relationships are declared, so no query hides behind an
+  attribute; every read is an explicit `select`.
+- A frontier is stored as a nullable BIGINT: a timestamp, or NULL for the empty
+  (closed) frontier. `frontier_to_db` and `frontier_from_db` are the only conversions.
+- Ids (`u1`, `u2`, ...) come from the single `id_allocator` row and are never reused:
+  dropped collections keep their row with `dropped` set. Names are unique among live
+  objects only (partial unique indexes).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from history import Frontier
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+NAME_LENGTH = 255
+ID_LENGTH = 32
+PATH_LENGTH = 1024
+
+# An autoincrementing 64-bit key; on SQLite only INTEGER PRIMARY KEY autoincrements.
+_SERIAL = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        int: BigInteger(),
+        str: String(NAME_LENGTH),
+        dict[str, Any]: JSON(),
+        list[Any]: JSON(),
+    }
+
+
+def frontier_to_db(frontier: Frontier) -> int | None:
+    return frontier.time
+
+
+def frontier_from_db(value: int | None) -> Frontier:
+    return Frontier(None if value is None else int(value))
+
+
+# --- Singletons: one row each, created by the initial migration -------------------------
+
+
+class ControllerEpoch(Base):
+    """The epoch of the current controller. Bumped by `become_controller`; every fenced
+    transaction reads it (FOR SHARE on PostgreSQL) before it writes anything."""
+
+    __tablename__ = "controller_epoch"
+    __table_args__ = (CheckConstraint("id = 1", name="singleton"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    epoch: Mapped[int]
+
+
+class IdAllocator(Base):
+    """`next_id` is the number of the next id handed out (`u<next_id>`); only grows."""
+
+    __tablename__ = "id_allocator"
+    __table_args__ = (CheckConstraint("id = 1", name="singleton"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    next_id: Mapped[int]
+
+
+class TimestampOracle(Base):
+    """`last_ts` is the latest write timestamp handed out; only grows."""
+
+    __tablename__ = "timestamp_oracle"
+    __table_args__ = (CheckConstraint("id = 1", name="singleton"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    last_ts: Mapped[int]
+
+
+# --- Instances and replicas ---------------------------------------------------------------
+
+
+class Instance(Base):
+    """A compute instance. `spark_conf` is the full, effective result-deciding Spark
+    configuration (defaults merged with overrides at creation); `parameters` holds the
+    set fields of `history.ComputeParameters`, merged on every update."""
+
+    __tablename__ = "instances"
+    __table_args__ = (
+        CheckConstraint("min_in_sync >= 1", name="min_in_sync_positive"),
+        CheckConstraint("max_lag_ms >= 0", name="max_lag_ms_non_negative"),
+        CheckConstraint("replica_timeout_ms > 0", name="replica_timeout_ms_positive"),
+    )
+
+    name: Mapped[str] = mapped_column(primary_key=True)
+    spark_conf: Mapped[dict[str, Any]]
+    min_in_sync: Mapped[int] = mapped_column(Integer)
+    max_lag_ms: Mapped[int]
+    replica_timeout_ms: Mapped[int]
+    parameters: Mapped[dict[str, Any]]
+
+
+class Replica(Base):
+    """A replica of an instance. `managed` replicas are spawned by the orchestrator (their
+    `address` and `pid` are recorded once running); external ones have a fixed `address`.
+    `incarnation` counts rehydrations and never regresses."""
+
+    __tablename__ = "replicas"
+    __table_args__ = (
+        CheckConstraint("incarnation >= 0", name="incarnation_non_negative"),
+        CheckConstraint("managed OR address IS NOT NULL", name="external_has_address"),
+    )
+
+    instance_name: Mapped[str] = mapped_column(
+        ForeignKey("instances.name", ondelete="CASCADE"), primary_key=True
+    )
+    name: Mapped[str] = mapped_column(primary_key=True)
+    size: Mapped[str] = mapped_column(String(64))
+    spark_master: Mapped[str]
+    spark_conf: Mapped[dict[str, Any]]
+    managed: Mapped[bool] = mapped_column(Boolean)
+    address: Mapped[str | None]
+    pid: Mapped[int | None] = mapped_column(Integer)
+    incarnation: Mapped[int]
+
+
+# --- Collections and dataflows --------------------------------------------------------
+
+
+class Collection(Base):
+    """A timestamped collection. `namespace` is 'storage' for sources and materialized
+    views (durable) and 'compute' for indexes (replica memory); names are unique per
+    namespace among live collections. A dropped collection keeps its row, with `since`
+    set to the empty frontier. `dataflow_id` names the dataflow that exports it (NULL for
+    sources, and once that dataflow is dropped)."""
+
+    __tablename__ = "collections"
+    __table_args__ = (
+        CheckConstraint(
+            "(kind = 'index' AND namespace = 'compute') OR "
+            "(kind IN ('source', 'materialized_view') AND namespace = 'storage')",
+            name="kind_matches_namespace",
+        ),
+        Index(
+            "uq_collections_live_name",
+            "namespace",
+            "name",
+            unique=True,
+            sqlite_where=text("NOT dropped"),
+            postgresql_where=text("NOT dropped"),
+        ),
+    )
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    name: Mapped[str]
+    namespace: Mapped[str] = mapped_column(String(16))
+    kind: Mapped[str] = mapped_column(String(32))
+    schema: Mapped[str] = mapped_column(Text)
+    since: Mapped[int | None]
+    upper: Mapped[int | None]
+    dropped: Mapped[bool] = mapped_column(Boolean)
+    dataflow_id: Mapped[str | None] = mapped_column(
+        ForeignKey("dataflows.id", ondelete="SET NULL"), index=True
+    )
+
+
+class Dataflow(Base):
+    """Everything needed to rebuild a dataflow's `DataflowDescription` exactly.
+
+    `imports` is a JSON list of {"name", "id", "kind"}; `index_exports` a JSON list of
+    {"id", "key": [column, ...]}; `sink_id` the materialized view's collection, if any.
+    `as_of` is the as_of at creation; the recovered as_of joins it with the recorded
+    sinces of the exports. Rows are deleted when the dataflow is dropped (its
+    collections stay, marked dropped).
+    """
+
+    __tablename__ = "dataflows"
+    __table_args__ = (
+        UniqueConstraint("instance_name", "name"),
+        CheckConstraint("compaction_window_ms >= 0", name="compaction_window_non_negative"),
+    )
+
+    id: Mapped[str] = mapped_column(String(ID_LENGTH), primary_key=True)
+    instance_name: Mapped[str] = mapped_column(ForeignKey("instances.name"), index=True)
+    name: Mapped[str]
+    sql: Mapped[str] = mapped_column(Text)
+    imports: Mapped[list[Any]]
+    index_exports: Mapped[list[Any]]
+    sink_id: Mapped[str | None] = mapped_column(String(ID_LENGTH))
+    schema: Mapped[str] = mapped_column(Text)
+    as_of: Mapped[int]
+    until: Mapped[int | None]
+    compaction_window_ms: Mapped[int | None]
+
+
+# --- Storage manifest -----------------------------------------------------------------
+
+
+class Batch(Base):
+    """One Parquet file of a storage collection, holding its updates at times in
+    `[lower, upper)` (`upper` NULL: the append that closed the collection). Batches of a
+    collection are disjoint; a gap between two means no updates there. `path` is
+    relative to the blob directory."""
+
+    __tablename__ = "batches"
+    __table_args__ = (
+        UniqueConstraint("collection_id", "lower"),
+        CheckConstraint("upper IS NULL OR lower < upper", name="lower_below_upper"),
+        CheckConstraint("rows > 0 AND bytes > 0", name="not_empty"),
+    )
+
+    id: Mapped[int] = mapped_column(_SERIAL, primary_key=True, autoincrement=True)
+    collection_id: Mapped[str] = mapped_column(ForeignKey("collections.id"))
+    lower: Mapped[int]
+    upper: Mapped[int | None]
+    path: Mapped[str] = mapped_column(String(PATH_LENGTH), unique=True)
+    rows: Mapped[int]
+    bytes: Mapped[int]
+
+
+class ReadHold(Base):
+    """A named hold on a storage collection: `holder` may still read at `frontier` and
+    later. A collection's `since` is never beyond the least of its holds."""
+
+    __tablename__ = "read_holds"
+
+    collection_id: Mapped[str] = mapped_column(ForeignKey("collections.id"), primary_key=True)
+    holder: Mapped[str] = mapped_column(primary_key=True)
+    frontier: Mapped[int]
+
+
+class RetiredBlob(Base):
+    """A file no manifest row names any more (replaced by compaction, or its collection
+    was dropped). It stays for a grace period, so readers holding an older read plan can
+    finish; `Storage.collect_garbage` deletes it afterwards."""
+
+    __tablename__ = "retired_blobs"
+
+    path: Mapped[str] = mapped_column(String(PATH_LENGTH), primary_key=True)
+    retired_at_ms: Mapped[int]

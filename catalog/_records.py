@@ -1,0 +1,224 @@
+"""Frozen domain records the catalog returns, and their conversion from rows.
+
+Rules: readers of the catalog only ever see these dataclasses, never ORM rows, so no
+session or lazy load escapes a transaction. Frontiers are `history.Frontier` here; the
+conversion to and from the nullable-BIGINT encoding happens in this module and in
+`_models.py`, nowhere else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from catalog._models import Batch, Collection, Dataflow, Instance, Replica, frontier_from_db
+from history import (
+    ComputeParameters,
+    DataflowDescription,
+    Frontier,
+    Import,
+    IndexExport,
+    InstanceConfig,
+    SinkExport,
+)
+
+CollectionKind = Literal["source", "index", "materialized_view"]
+Namespace = Literal["storage", "compute"]
+
+
+def _pairs(mapping: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((str(k), str(v)) for k, v in mapping.items()))
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceInfo:
+    """An instance: its `config` (what `CreateInstance` carries), the controller's options
+    for it, and the merged tunable `parameters`."""
+
+    name: str
+    config: InstanceConfig
+    min_in_sync: int
+    max_lag_ms: int
+    replica_timeout_ms: int
+    parameters: ComputeParameters
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaInfo:
+    """A replica. `managed` replicas are spawned by the orchestrator; `address` and `pid`
+    are what was last recorded. `spark_conf` holds resource settings only, sorted."""
+
+    instance: str
+    name: str
+    size: str
+    spark_master: str
+    spark_conf: tuple[tuple[str, str], ...]
+    managed: bool
+    address: str | None
+    pid: int | None
+    incarnation: int
+
+    def conf(self) -> dict[str, str]:
+        return dict(self.spark_conf)
+
+
+@dataclass(frozen=True, slots=True)
+class CollectionInfo:
+    """A collection as last recorded. Invariant: a live collection has a non-empty
+    `since`; a dropped one has `since` empty."""
+
+    id: str
+    name: str
+    kind: CollectionKind
+    namespace: Namespace
+    schema: str
+    since: Frontier
+    upper: Frontier
+    dropped: bool
+    dataflow_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class DataflowInfo:
+    """A live dataflow: everything its `DataflowDescription` is rebuilt from."""
+
+    id: str
+    instance: str
+    name: str
+    sql: str
+    imports: tuple[Import, ...]
+    index_exports: tuple[IndexExport, ...]
+    sink_id: str | None
+    schema: str
+    as_of: Frontier
+    until: Frontier
+    compaction_window_ms: int | None
+
+    @property
+    def export_ids(self) -> tuple[str, ...]:
+        sinks = () if self.sink_id is None else (self.sink_id,)
+        return tuple(e.id for e in self.index_exports) + sinks
+
+    @property
+    def index_id(self) -> str | None:
+        return self.index_exports[0].id if self.index_exports else None
+
+    def description(self, as_of: Frontier | None = None) -> DataflowDescription:
+        """The description a replica builds, at `as_of` (default: the creation as_of)."""
+        return DataflowDescription(
+            name=self.name,
+            sql=self.sql,
+            imports=self.imports,
+            index_exports=self.index_exports,
+            sink_exports=() if self.sink_id is None else (SinkExport(self.sink_id),),
+            as_of=self.as_of if as_of is None else as_of,
+            until=self.until,
+            schema=self.schema,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BatchInfo:
+    """A manifest row: `path` (relative to the blob directory) holds the collection's
+    updates at times in `[lower, upper)`."""
+
+    id: int
+    collection_id: str
+    lower: int
+    upper: Frontier
+    path: str
+    rows: int
+    bytes: int
+
+    def overlaps(self, after: int | None, through: int) -> bool:
+        """True iff the batch may hold a time `t` with `after < t <= through`."""
+        below_end = self.lower <= through
+        past_start = after is None or self.upper.is_empty or self.upper.time - 1 > after
+        return below_end and past_start
+
+
+@dataclass(frozen=True, slots=True)
+class NewBatch:
+    """A written (not yet committed) batch file, as `compare_and_append` records it."""
+
+    path: str
+    rows: int
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestState:
+    """One consistent view of a storage collection: frontiers, batches (by `lower`)
+    and read holds, all read in a single transaction."""
+
+    collection: CollectionInfo
+    batches: tuple[BatchInfo, ...]
+    holds: tuple[tuple[str, Frontier], ...]
+
+
+def instance_info(row: Instance) -> InstanceInfo:
+    return InstanceInfo(
+        name=row.name,
+        config=InstanceConfig.of(row.name, row.spark_conf),
+        min_in_sync=row.min_in_sync,
+        max_lag_ms=row.max_lag_ms,
+        replica_timeout_ms=row.replica_timeout_ms,
+        parameters=ComputeParameters(**row.parameters),
+    )
+
+
+def replica_info(row: Replica) -> ReplicaInfo:
+    return ReplicaInfo(
+        instance=row.instance_name,
+        name=row.name,
+        size=row.size,
+        spark_master=row.spark_master,
+        spark_conf=_pairs(row.spark_conf),
+        managed=row.managed,
+        address=row.address,
+        pid=row.pid,
+        incarnation=row.incarnation,
+    )
+
+
+def collection_info(row: Collection) -> CollectionInfo:
+    return CollectionInfo(
+        id=row.id,
+        name=row.name,
+        kind=row.kind,  # type: ignore[arg-type]
+        namespace=row.namespace,  # type: ignore[arg-type]
+        schema=row.schema,
+        since=frontier_from_db(row.since),
+        upper=frontier_from_db(row.upper),
+        dropped=row.dropped,
+        dataflow_id=row.dataflow_id,
+    )
+
+
+def dataflow_info(row: Dataflow) -> DataflowInfo:
+    return DataflowInfo(
+        id=row.id,
+        instance=row.instance_name,
+        name=row.name,
+        sql=row.sql,
+        imports=tuple(Import(i["name"], i["id"], i["kind"]) for i in row.imports),
+        index_exports=tuple(IndexExport(e["id"], tuple(e["key"])) for e in row.index_exports),
+        sink_id=row.sink_id,
+        schema=row.schema,
+        as_of=frontier_from_db(row.as_of),
+        until=frontier_from_db(row.until),
+        compaction_window_ms=row.compaction_window_ms,
+    )
+
+
+def batch_info(row: Batch) -> BatchInfo:
+    return BatchInfo(
+        id=row.id,
+        collection_id=row.collection_id,
+        lower=row.lower,
+        upper=frontier_from_db(row.upper),
+        path=row.path,
+        rows=row.rows,
+        bytes=row.bytes,
+    )

@@ -1,0 +1,160 @@
+"""Shared fixtures: every catalog and storage test runs on SQLite and on PostgreSQL.
+
+`catalog_url` is parametrized over `sqlite` (a file in the test's tmp_path) and
+`postgres` (a fresh schema `t_<random>` per test, put first on the search_path through
+the URL's `options`, so the Alembic version table lands there too; dropped afterwards).
+The PostgreSQL server is `$TANDEM_TEST_POSTGRES_URL`, by default
+postgresql+psycopg://postgres@127.0.0.1:5432/test. If it cannot be reached the postgres
+tests are skipped locally, and fail when `$CI` is set: a skipped PostgreSQL run in CI is
+a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+for _path in (ROOT, ROOT / "tests"):  # packages at the root, uninstalled; tests/workers.py
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+if TYPE_CHECKING:
+    from catalog import Catalog
+    from storage import Storage
+
+# SQLAlchemy, the catalog and storage are imported inside the fixtures, so tests that
+# need none of them (history's, which check what history imports) load none of them.
+
+POSTGRES_URL = os.environ.get(
+    "TANDEM_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+_postgres_problem: list[str | None] = []  # memo: [None] reachable, [reason] not
+
+
+def _postgres_unreachable() -> str | None:
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.pool import NullPool
+
+    if not _postgres_problem:
+        engine = create_engine(
+            POSTGRES_URL, poolclass=NullPool, connect_args={"connect_timeout": 5}
+        )
+        try:
+            with engine.connect() as connection:
+                connection.execute(text("SELECT 1"))
+            _postgres_problem.append(None)
+        except Exception as error:  # any failure to connect means "unreachable"
+            _postgres_problem.append(f"{type(error).__name__}: {error}".splitlines()[0])
+        finally:
+            engine.dispose()
+    return _postgres_problem[0]
+
+
+def require_postgres() -> None:
+    problem = _postgres_unreachable()
+    if problem is None:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"PostgreSQL at {POSTGRES_URL} is required in CI but unreachable: {problem}")
+    pytest.skip(f"PostgreSQL at {POSTGRES_URL} is unreachable: {problem}")
+
+
+@contextmanager
+def postgres_schema() -> Iterator[str]:
+    """A catalog URL on a fresh PostgreSQL schema, dropped on exit."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.pool import NullPool
+
+    require_postgres()
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    admin = create_engine(POSTGRES_URL, poolclass=NullPool, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE SCHEMA "{schema}"'))
+    base = make_url(POSTGRES_URL)
+    options = " ".join(filter(None, [base.query.get("options"), f"-csearch_path={schema}"]))
+    url = base.update_query_dict({"options": options}).render_as_string(hide_password=False)
+    try:
+        yield url
+    finally:
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def catalog_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty database (no schema yet) of each kind."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'catalog.db'}"
+    else:
+        with postgres_schema() as url:
+            yield url
+
+
+@pytest.fixture
+def catalog(catalog_url: str) -> Iterator[Catalog]:
+    """A migrated catalog that has not become controller (as a replica opens it)."""
+    from catalog import Catalog
+
+    opened = Catalog.open(catalog_url)
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def controller(catalog_url: str) -> Iterator[Catalog]:
+    """A migrated catalog that became controller."""
+    from catalog import Catalog
+
+    opened = Catalog.open(catalog_url)
+    opened.become_controller()
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def blob_dir(tmp_path: Path) -> Path:
+    return tmp_path / "blobs"
+
+
+@pytest.fixture
+def storage(controller: Catalog, blob_dir: Path) -> Storage:
+    """Storage through the controller's catalog."""
+    from storage import Storage
+
+    return Storage(controller, blob_dir)
+
+
+def dump_database(url: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every catalog table, sorted: equal dumps mean nothing was written."""
+    from sqlalchemy import select
+
+    from catalog import make_engine
+    from catalog._models import Base
+
+    engine = make_engine(url)
+    try:
+        with engine.connect() as connection:
+            return {
+                table.name: sorted(
+                    (tuple(row) for row in connection.execute(select(table))), key=repr
+                )
+                for table in Base.metadata.sorted_tables
+            }
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def dump(catalog_url: str):  # type: ignore[no-untyped-def]
+    """`dump()` returns every row of the test's catalog (see `dump_database`)."""
+    return lambda: dump_database(catalog_url)

@@ -1,0 +1,492 @@
+"""Catalog records: instances, replicas, collections, dataflows; ids, names and drops.
+
+Every test runs on SQLite and on PostgreSQL (the `catalog_url` fixture). Each refusal is
+checked to have written nothing, by comparing every row of the database before and after.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from catalog import (
+    DETERMINISTIC_SPARK_CONF,
+    AlreadyExists,
+    Catalog,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    _collections,
+    make_engine,
+)
+from catalog._engine import normalize_url
+from history import ComputeParameters, Frontier, Import, IndexExport, SinkExport
+
+SCHEMA = "id BIGINT NOT NULL, region STRING"
+
+
+def refused(dump, error: type[Exception], call, match: str | None = None) -> None:  # type: ignore[no-untyped-def]
+    """`call()` raises `error` and leaves every row of the catalog as it was."""
+    before = dump()
+    with pytest.raises(error, match=match):
+        call()
+    assert dump() == before
+
+
+# --- Opening ------------------------------------------------------------------------------
+
+
+def test_open_migrates_and_seeds_the_singletons(catalog: Catalog) -> None:
+    assert catalog.controller_epoch() == 0
+    assert catalog.read_ts() == 0
+    assert catalog.epoch is None and not catalog.is_controller
+    assert catalog.list_instances() == []
+    assert catalog.list_collections(include_dropped=True) == []
+
+
+def test_reopening_keeps_the_data(catalog_url: str) -> None:
+    with Catalog.open(catalog_url) as first:
+        first.become_controller()
+        first.create_instance("main")
+    with Catalog.open(catalog_url) as second:
+        assert [i.name for i in second.list_instances()] == ["main"]
+
+
+def test_default_url_is_a_sqlite_file_in_wal_mode(tmp_path: Path) -> None:
+    url = Catalog.default_url(tmp_path / "data")
+    assert url == f"sqlite:///{tmp_path / 'data' / 'catalog.db'}"
+    with Catalog.open(url) as opened:
+        assert opened.dialect == "sqlite"
+    assert (tmp_path / "data" / "catalog.db").exists()
+    engine = make_engine(url)
+    with engine.connect() as connection:
+        assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert connection.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+        assert connection.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30_000
+    engine.dispose()
+
+
+def test_in_memory_sqlite_is_refused() -> None:
+    with pytest.raises(ValueError, match="needs a SQLite file"):
+        Catalog.open("sqlite://")
+
+
+def test_a_bare_postgresql_url_gets_psycopg_3() -> None:
+    assert normalize_url("postgresql://u@h/db").drivername == "postgresql+psycopg"
+    assert normalize_url("postgresql+psycopg://u@h/db").drivername == "postgresql+psycopg"
+
+
+def test_foreign_keys_are_enforced(controller: Catalog, catalog_url: str) -> None:
+    engine = make_engine(catalog_url)
+    insert = "INSERT INTO read_holds (collection_id, holder, frontier) VALUES ('u404', 'h', 0)"
+    with pytest.raises(Exception, match="(?i)foreign key"), engine.begin() as connection:
+        connection.execute(text(insert))
+    engine.dispose()
+
+
+# --- Instances ----------------------------------------------------------------------------
+
+
+def test_an_instance_starts_from_the_deterministic_spark_conf(controller: Catalog) -> None:
+    info = controller.create_instance(
+        "main",
+        spark_conf={"spark.sql.shuffle.partitions": "8", "spark.sql.caseSensitive": "true"},
+        min_in_sync=2,
+        max_lag_ms=100,
+        replica_timeout_ms=2_000,
+        parameters=ComputeParameters(max_result_rows=10),
+    )
+    expected = {
+        **DETERMINISTIC_SPARK_CONF,
+        "spark.sql.shuffle.partitions": "8",
+        "spark.sql.caseSensitive": "true",
+    }
+    assert info.config.name == "main"
+    assert info.config.conf() == expected
+    assert (info.min_in_sync, info.max_lag_ms, info.replica_timeout_ms) == (2, 100, 2_000)
+    assert info.parameters == ComputeParameters(max_result_rows=10)
+    assert controller.get_instance("main") == info
+    assert controller.list_instances() == [info]
+
+
+def test_instance_parameters_merge_like_update_configuration(controller: Catalog) -> None:
+    controller.create_instance("main", parameters=ComputeParameters(max_result_rows=10))
+    controller.update_instance("main", parameters=ComputeParameters(heartbeat_interval_ms=500))
+    info = controller.update_instance("main", max_lag_ms=7)
+    assert info.parameters == ComputeParameters(max_result_rows=10, heartbeat_interval_ms=500)
+    assert info.max_lag_ms == 7
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"name": "2fast"}, "instance name"),
+        ({"name": "has space"}, "instance name"),
+        ({"name": "main", "spark_conf": {"spark.executor.memory": "4g"}}, "resource setting"),
+        ({"name": "main", "spark_conf": {"spark.x": 1}}, "pair of strings"),
+        ({"name": "main", "min_in_sync": 0}, "min_in_sync"),
+        ({"name": "main", "max_lag_ms": -1}, "max_lag_ms"),
+        ({"name": "main", "replica_timeout_ms": 0}, "replica_timeout_ms"),
+        ({"name": "main", "parameters": ComputeParameters(max_result_rows=0)}, "max_result_rows"),
+    ],
+)
+def test_bad_instances_are_refused(controller: Catalog, dump, kwargs, match) -> None:  # type: ignore[no-untyped-def]
+    refused(dump, InvalidArgument, lambda: controller.create_instance(**kwargs), match)
+
+
+def test_instance_names_are_unique(controller: Catalog, dump) -> None:  # type: ignore[no-untyped-def]
+    controller.create_instance("main")
+    refused(dump, AlreadyExists, lambda: controller.create_instance("main"), "already exists")
+    refused(dump, NotFound, lambda: controller.get_instance("other"), "does not exist")
+    refused(dump, NotFound, lambda: controller.update_instance("other", max_lag_ms=1))
+    refused(dump, InvalidArgument, lambda: controller.update_instance("main", min_in_sync=0))
+
+
+# --- Replicas -----------------------------------------------------------------------------
+
+
+def test_managed_and_external_replicas(controller: Catalog) -> None:
+    controller.create_instance("main")
+    managed = controller.create_replica(
+        "main", "r1", size="small", spark_conf={"spark.driver.memory": "1g"}
+    )
+    external = controller.create_replica(
+        "main", "r2", size="large", spark_master="spark://h:7077", address="10.0.0.2:7000"
+    )
+    assert managed.managed and managed.address is None and managed.pid is None
+    assert managed.spark_master == "local[1]" and managed.conf() == {"spark.driver.memory": "1g"}
+    assert not external.managed and external.address == "10.0.0.2:7000"
+    assert managed.incarnation == external.incarnation == 0
+
+    running = controller.update_replica("main", "r1", address="127.0.0.1:5001", pid=4242)
+    assert (running.address, running.pid, running.incarnation) == ("127.0.0.1:5001", 4242, 0)
+    again = controller.update_replica("main", "r1", incarnation=1, pid=None)
+    assert (again.address, again.pid, again.incarnation) == ("127.0.0.1:5001", None, 1)
+    assert controller.list_replicas("main") == [again, external]
+    assert controller.get_replica("main", "r2") == external
+
+    controller.drop_replica("main", "r1")
+    assert controller.list_replicas() == [external]
+
+
+def test_bad_replica_changes_are_refused(controller: Catalog, dump) -> None:  # type: ignore[no-untyped-def]
+    controller.create_instance("main", spark_conf={"spark.sql.caseSensitive": "true"})
+    controller.create_replica("main", "r1", size="small")
+    controller.create_replica("main", "ext", size="small", address="h:1")
+    controller.update_replica("main", "r1", incarnation=3)
+    cases = [
+        (AlreadyExists, lambda: controller.create_replica("main", "r1", size="small")),
+        (NotFound, lambda: controller.create_replica("nope", "r1", size="small")),
+        (InvalidArgument, lambda: controller.create_replica("main", "r-2", size="small")),
+        (InvalidArgument, lambda: controller.create_replica("main", "r3", size="")),
+        (
+            InvalidArgument,  # results must not depend on the replica
+            lambda: controller.create_replica(
+                "main", "r3", size="s", spark_conf={"spark.sql.shuffle.partitions": "64"}
+            ),
+        ),
+        (
+            InvalidArgument,
+            lambda: controller.create_replica(
+                "main", "r3", size="s", spark_conf={"spark.sql.caseSensitive": "false"}
+            ),
+        ),
+        (InvalidArgument, lambda: controller.update_replica("main", "r1", incarnation=2)),
+        (InvalidArgument, lambda: controller.update_replica("main", "r1", pid=0)),
+        (InvalidArgument, lambda: controller.update_replica("main", "ext", address="h:2")),
+        (NotFound, lambda: controller.update_replica("main", "r9", pid=1)),
+        (NotFound, lambda: controller.drop_replica("main", "r9")),
+        (NotFound, lambda: controller.list_replicas("nope")),
+    ]
+    for error, call in cases:
+        refused(dump, error, call)
+
+
+# --- Collections and ids ------------------------------------------------------------------
+
+
+def test_sources_get_fresh_ids_and_unique_names(controller: Catalog, dump) -> None:  # type: ignore[no-untyped-def]
+    orders = controller.create_source("orders", SCHEMA)
+    users = controller.create_source("users", SCHEMA, since=Frontier(10))
+    assert (orders.id, users.id) == ("u1", "u2")
+    assert orders.kind == "source" and orders.namespace == "storage"
+    assert (orders.since, orders.upper) == (Frontier(0), Frontier(0))
+    assert (users.since, users.upper) == (Frontier(10), Frontier(10))
+    assert controller.collection_by_name("orders") == orders
+    refused(dump, AlreadyExists, lambda: controller.create_source("orders", SCHEMA), "orders")
+    refused(dump, InvalidArgument, lambda: controller.create_source("o-1", SCHEMA))
+    refused(dump, InvalidArgument, lambda: controller.create_source("o", " "))
+    refused(
+        dump, InvalidArgument, lambda: controller.create_source("o", SCHEMA, since=Frontier.empty())
+    )
+    refused(dump, NotFound, lambda: controller.collection_by_name("orders", "compute"))
+
+
+def test_a_dropped_name_may_be_reused_but_never_its_id(catalog_url: str) -> None:
+    with Catalog.open(catalog_url) as first:
+        first.become_controller()
+        old = first.create_source("orders", SCHEMA)
+        first.drop_source(old.id)
+        dropped = first.get_collection(old.id)
+        assert dropped.dropped and dropped.since.is_empty
+        assert first.list_collections() == []
+        assert first.list_collections(include_dropped=True) == [dropped]
+    with Catalog.open(catalog_url) as second:
+        second.become_controller()
+        new = second.create_source("orders", SCHEMA)
+        assert new.id == "u2"
+        assert second.collection_by_name("orders") == new
+        with pytest.raises(NotFound, match="was dropped"):
+            second.drop_source(old.id)
+
+
+def test_concurrent_creations_of_one_name_leave_one_winner(
+    controller: Catalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the friendly pre-check, the partial unique index alone refuses the losers,
+    and they get AlreadyExists too."""
+    monkeypatch.setattr(_collections, "_check_name_free", lambda *args: None)
+    barrier = threading.Barrier(6)
+    outcomes: list[str] = []
+
+    def create() -> None:
+        barrier.wait()
+        try:
+            outcomes.append(controller.create_source("orders", SCHEMA).id)
+        except AlreadyExists:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=create) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes).count("refused") == 5
+    assert [c.name for c in controller.list_collections()] == ["orders"]
+
+
+# --- Dataflows ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def world(controller: Catalog) -> dict[str, str]:
+    """Instance `main` (and `other`) with source `orders`, dataflow `totals` exporting
+    an index and a materialized view, and dataflow `other_idx` on `other`."""
+    controller.create_instance("main")
+    controller.create_instance("other")
+    orders = controller.create_source("orders", SCHEMA)
+    totals = controller.create_dataflow(
+        "main",
+        "totals",
+        sql="SELECT region, count(*) AS n FROM o GROUP BY region",
+        imports=[Import("o", orders.id)],
+        schema="region STRING, n BIGINT NOT NULL",
+        as_of=Frontier(5),
+        index_key=["region"],
+        materialized=True,
+        compaction_window_ms=1_000,
+    )
+    other = controller.create_dataflow(
+        "other",
+        "other_idx",
+        sql="SELECT * FROM o",
+        imports=[Import("o", orders.id)],
+        schema=SCHEMA,
+        as_of=Frontier(0),
+        index_key=[],
+    )
+    return {
+        "orders": orders.id,
+        "totals": totals.id,
+        "index": totals.index_id or "",
+        "view": totals.sink_id or "",
+        "other_idx": other.index_id or "",
+        "other": other.id,
+    }
+
+
+def test_a_dataflow_records_its_exact_description(controller: Catalog, world) -> None:  # type: ignore[no-untyped-def]
+    assert (world["orders"], world["totals"], world["index"], world["view"]) == (
+        "u1",
+        "u2",
+        "u3",
+        "u4",
+    )
+    info = controller.get_dataflow(world["totals"])
+    desc = info.description()
+    assert desc.name == "totals"
+    assert desc.imports == (Import("o", "u1", "storage"),)
+    assert desc.index_exports == (IndexExport("u3", ("region",)),)
+    assert desc.sink_exports == (SinkExport("u4"),)
+    assert desc.as_of == Frontier(5) and desc.until == Frontier.empty()
+    assert desc.schema == "region STRING, n BIGINT NOT NULL"
+    assert info.compaction_window_ms == 1_000
+    assert info.export_ids == ("u3", "u4")
+    assert controller.dataflow_by_name("main", "totals") == info
+    assert [d.id for d in controller.list_dataflows("main")] == ["u2"]
+
+    index = controller.collection_by_name("totals", "compute")
+    view = controller.collection_by_name("totals", "storage")
+    assert (index.id, index.kind, index.dataflow_id) == ("u3", "index", "u2")
+    assert (view.id, view.kind, view.since, view.upper) == (
+        "u4",
+        "materialized_view",
+        Frontier(5),
+        Frontier(5),
+    )
+
+
+def test_bad_dataflows_are_refused(controller: Catalog, world, dump) -> None:  # type: ignore[no-untyped-def]
+    def create(name: str = "fresh", **overrides):  # type: ignore[no-untyped-def]
+        args = {
+            "sql": "SELECT 1",
+            "imports": [Import("o", world["orders"])],
+            "schema": "x INT",
+            "as_of": Frontier(5),
+            "index_key": ["x"],
+        }
+        args.update(overrides)
+        instance = args.pop("instance", "main")
+        return lambda: controller.create_dataflow(instance, name, **args)
+
+    controller.drop_dataflow(world["other"])
+    dropped_index = world["other_idx"]
+    cases = [
+        (NotFound, create(instance="nope")),
+        (AlreadyExists, create("totals")),
+        (AlreadyExists, create("orders", index_key=None, materialized=True)),
+        (InvalidArgument, create(index_key=None)),
+        (InvalidArgument, create(index_key=["x", "x"])),
+        (InvalidArgument, create(as_of=Frontier.empty())),
+        (InvalidArgument, create(until=Frontier(5))),
+        (InvalidArgument, create(compaction_window_ms=-1)),
+        (InvalidArgument, create(sql="")),
+        (NotFound, create(imports=[Import("o", "u404")])),
+        (NotFound, create(imports=[Import("o", dropped_index, "index")])),
+        (
+            InvalidArgument,
+            create(imports=[Import("o", world["orders"]), Import("o", world["view"])]),
+        ),
+        (InvalidArgument, create(imports=[Import("o", world["index"])])),  # index as storage
+        (InvalidArgument, create(imports=[Import("o", world["view"], "index")])),
+        (InvalidArgument, create(instance="other", imports=[Import("t", world["index"], "index")])),
+        (InvalidArgument, create(imports=[Import("bad name", world["orders"])])),
+    ]
+    for error, call in cases:
+        refused(dump, error, call)
+
+
+def test_an_import_must_be_readable_at_as_of(controller: Catalog, world, dump) -> None:  # type: ignore[no-untyped-def]
+    controller.record_frontiers(world["index"], since=Frontier(8))
+    call = lambda: controller.create_dataflow(
+        "main",
+        "late",
+        sql="SELECT * FROM t",
+        imports=[Import("t", world["index"], "index")],
+        schema="x INT",
+        as_of=Frontier(7),
+        index_key=[],
+    )
+    refused(dump, InvalidArgument, call, "since is 8")
+
+
+def test_index_and_view_of_one_dataflow_share_its_name_across_namespaces(
+    controller: Catalog, world
+) -> None:  # type: ignore[no-untyped-def]
+    # An index named like a source is fine: the namespaces are separate.
+    info = controller.create_dataflow(
+        "main",
+        "orders",
+        sql="SELECT * FROM o",
+        imports=[Import("o", world["orders"])],
+        schema=SCHEMA,
+        as_of=Frontier(0),
+        index_key=["id"],
+    )
+    assert controller.collection_by_name("orders", "compute").id == info.index_id
+    assert controller.collection_by_name("orders", "storage").id == world["orders"]
+
+
+def test_frontiers_of_an_index_only_advance(controller: Catalog, world, dump) -> None:  # type: ignore[no-untyped-def]
+    index = world["index"]
+    assert controller.record_frontiers(
+        index, since=Frontier(7), upper=Frontier(20)
+    ).upper == Frontier(20)
+    info = controller.record_frontiers(index, since=Frontier(6), upper=Frontier(10))
+    assert (info.since, info.upper) == (Frontier(7), Frontier(20))
+    assert controller.record_frontiers(index, upper=Frontier.empty()).upper.is_empty
+    refused(
+        dump,
+        InvalidArgument,
+        lambda: controller.record_frontiers(world["orders"], upper=Frontier(9)),
+    )
+    refused(
+        dump, InvalidArgument, lambda: controller.record_frontiers(index, since=Frontier.empty())
+    )
+    refused(dump, NotFound, lambda: controller.record_frontiers("u404", since=Frontier(1)))
+
+
+def test_nothing_is_dropped_while_imported(controller: Catalog, world, dump) -> None:  # type: ignore[no-untyped-def]
+    user = controller.create_dataflow(
+        "other",
+        "reader",
+        sql="SELECT * FROM v",
+        imports=[Import("v", world["view"])],
+        schema="region STRING, n BIGINT NOT NULL",
+        as_of=Frontier(5),
+        index_key=[],
+    )
+    refused(
+        dump, FailedPrecondition, lambda: controller.drop_source(world["orders"]), "imported by"
+    )
+    refused(dump, FailedPrecondition, lambda: controller.drop_dataflow(world["totals"]), "reader")
+    refused(dump, FailedPrecondition, lambda: controller.drop_instance("main"), "reader")
+    refused(
+        dump, InvalidArgument, lambda: controller.drop_source(world["view"]), "drop that dataflow"
+    )
+    refused(dump, NotFound, lambda: controller.drop_dataflow("u404"))
+
+    controller.drop_dataflow(user.id)
+    controller.drop_instance("main")
+    assert [i.name for i in controller.list_instances()] == ["other"]
+    for id in (world["index"], world["view"]):
+        gone = controller.get_collection(id)
+        assert gone.dropped and gone.since.is_empty and gone.dataflow_id is None
+    with pytest.raises(NotFound):
+        controller.get_dataflow(world["totals"])
+    assert [d.name for d in controller.list_dataflows()] == ["other_idx"]
+
+
+# --- Layering -------------------------------------------------------------------------
+
+ALLOWED = {
+    "catalog": {"catalog", "history"},
+    "storage": {"storage", "catalog", "history"},
+    "migrations": {"migrations", "catalog"},
+}
+OURS = {"history", "protocol", "catalog", "migrations", "storage", "replica_service", "controller"}
+FORBIDDEN = {"pyspark", "grpc", "asyncio"}
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_package_imports_follow_the_layering(package: str) -> None:
+    """DESIGN section 1: catalog imports history; storage imports catalog and history;
+    migrations imports catalog; none of them pyspark, grpc or asyncio."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent
+    for path in (root / package).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                assert top not in FORBIDDEN, f"{path} imports {name}"
+                assert top not in OURS or top in ALLOWED[package], f"{path} imports {name}"

@@ -1,0 +1,168 @@
+"""Migrations: one head; down to base and up again with data in place; the models and
+the migrations agree (Alembic's `check`, through the CLI and through compare_metadata);
+concurrent first opens migrate once. On SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Column, Integer, MetaData, inspect
+from workers import open_catalog
+
+from catalog import Catalog, NewBatch, make_engine
+from catalog._engine import alembic_config, head_revision
+from catalog._models import NAMING_CONVENTION, Base
+from history import Frontier, Import
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TABLES = {t.name for t in Base.metadata.sorted_tables}
+
+
+def cli_config(url: str) -> Config:
+    """The configuration `alembic -x url=<url> ...` builds from alembic.ini."""
+    config = Config(str(ROOT / "alembic.ini"))
+    config.cmd_opts = argparse.Namespace(x=[f"url={url}"])
+    return config
+
+
+def differences(url: str, metadata: MetaData = Base.metadata) -> list[object]:
+    engine = make_engine(url)
+    try:
+        with engine.connect() as connection:
+            context = MigrationContext.configure(
+                connection, opts={"compare_type": True, "compare_server_default": True}
+            )
+            return list(compare_metadata(context, metadata))
+    finally:
+        engine.dispose()
+
+
+def tables(url: str) -> set[str]:
+    engine = make_engine(url)
+    try:
+        return set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def populate(url: str) -> None:
+    """A row in every table."""
+    with Catalog.open(url) as catalog:
+        catalog.become_controller()
+        catalog.write_ts()
+        catalog.create_instance("main")
+        catalog.create_replica("main", "r1", size="s")
+        source = catalog.create_source("orders", "id BIGINT")
+        catalog.create_dataflow(
+            "main",
+            "idx",
+            sql="SELECT * FROM o",
+            imports=[Import("o", source.id)],
+            schema="id BIGINT",
+            as_of=Frontier(0),
+            index_key=[],
+        )
+        catalog.append_batch(source.id, Frontier(0), Frontier(2), NewBatch("u1/a.parquet", 1, 9))
+        catalog.acquire_read_hold(source.id, "h", Frontier(0))
+        doomed = catalog.create_source("doomed", "id BIGINT")
+        catalog.append_batch(doomed.id, Frontier(0), Frontier(2), NewBatch("u5/b.parquet", 1, 9))
+        catalog.drop_source(doomed.id)  # retires its file
+
+
+def test_there_is_exactly_one_head() -> None:
+    script = ScriptDirectory.from_config(alembic_config())
+    assert len(script.get_heads()) == 1
+    assert script.get_heads() == [head_revision()]
+    for revision in script.walk_revisions():
+        assert revision.doc and "Why" in revision.module.__doc__, revision.revision
+        assert Path(revision.path).name[:10].replace("_", "").isdigit()  # dated file names
+
+
+def test_models_and_migrations_agree(catalog: Catalog, catalog_url: str) -> None:
+    assert differences(catalog_url) == []
+
+
+def test_the_comparison_sees_a_difference(catalog: Catalog, catalog_url: str) -> None:
+    changed = MetaData(naming_convention=NAMING_CONVENTION)
+    for table in Base.metadata.sorted_tables:
+        table.to_metadata(changed)
+    changed.tables["instances"].append_column(Column("extra", Integer, nullable=True))
+    found = differences(catalog_url, changed)
+    assert [d[0] for d in found if isinstance(d, tuple)] == ["add_column"]
+
+
+def test_alembic_check_through_the_cli(catalog: Catalog, catalog_url: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "alembic", "-x", f"url={catalog_url}", "check"],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "No new upgrade operations detected" in result.stdout + result.stderr
+
+
+def test_down_to_base_and_up_again_with_data_in_place(catalog_url: str) -> None:
+    populate(catalog_url)
+    engine = make_engine(catalog_url)
+    with engine.connect() as connection:
+        for table in Base.metadata.sorted_tables:
+            assert connection.execute(table.select()).first() is not None, table.name
+    engine.dispose()
+
+    command.downgrade(cli_config(catalog_url), "base")
+    assert tables(catalog_url) & TABLES == set()
+
+    command.upgrade(cli_config(catalog_url), "head")
+    assert TABLES <= tables(catalog_url)
+    assert differences(catalog_url) == []
+    with Catalog.open(catalog_url) as catalog:
+        assert (catalog.controller_epoch(), catalog.read_ts()) == (0, 0)
+        catalog.become_controller()
+        assert catalog.create_source("orders", "id BIGINT").id == "u1"
+
+
+def test_open_upgrades_an_empty_database_and_then_does_nothing(catalog_url: str) -> None:
+    with Catalog.open(catalog_url):
+        pass
+    engine = make_engine(catalog_url)
+    with engine.connect() as connection:
+        assert MigrationContext.configure(connection).get_current_revision() == head_revision()
+    engine.dispose()
+    populate(catalog_url)
+    with Catalog.open(catalog_url) as again:
+        assert [i.name for i in again.list_instances()] == ["main"]
+
+
+def test_concurrent_first_opens_migrate_once(catalog_url: str) -> None:
+    context = multiprocessing.get_context("spawn")
+    start_at = time.time() + 2  # after every process has started and imported
+    with context.Pool(3) as pool:
+        epochs = pool.starmap(open_catalog, [(catalog_url, start_at)] * 3)
+    assert epochs == [0, 0, 0]
+    assert differences(catalog_url) == []
+
+
+def test_the_schema_is_never_made_with_create_all() -> None:
+    for package in ("catalog", "storage", "migrations"):
+        for path in (ROOT / package).rglob("*.py"):
+            assert "create_all" not in path.read_text(), path
+
+
+@pytest.fixture(autouse=True)
+def _quiet_alembic(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("WARNING", logger="alembic")
