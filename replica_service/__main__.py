@@ -1,0 +1,78 @@
+"""`python -m replica_service`: run one replica process.
+
+Prints one JSON line (`{"address": ..., "pid": ...}`) on stdout once the gRPC server
+listens, logs to stderr, and shuts down cleanly on SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+from catalog import Catalog
+from replica_service._replica import Replica
+from replica_service._server import ReplicaServer
+from replica_service._spark import SparkSettings, start_session
+from storage import Storage
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m replica_service", description=__doc__.splitlines()[0])
+    parser.add_argument("--listen", default="127.0.0.1:0", help="address to bind (default 127.0.0.1:0)")
+    parser.add_argument("--catalog", required=True, help="SQLAlchemy URL of the catalog")
+    parser.add_argument("--blob-dir", required=True, type=Path, help="directory of storage batch files")
+    parser.add_argument("--spark-master", default="local[1]", help="Spark master (default local[1])")
+    parser.add_argument("--driver-memory", default="512m", help="Spark driver memory (default 512m)")
+    parser.add_argument(
+        "--spark-conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting (repeatable)"
+    )
+    parser.add_argument("--work-dir", type=Path, help="scratch directory (default: a new temporary one)")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    try:
+        args.spark_conf = dict(item.split("=", 1) for item in args.spark_conf)
+    except ValueError:
+        parser.error("--spark-conf takes KEY=VALUE")
+    return args
+
+
+async def serve(args: argparse.Namespace) -> None:
+    work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="tandem-replica-"))
+    storage = Storage(Catalog.open(args.catalog), args.blob_dir)
+    settings = SparkSettings(args.spark_master, args.driver_memory, args.spark_conf)
+    # The JVM is launched (fork + exec) before gRPC starts its threads: a fork while
+    # gRPC's threads run broke the launch (the JVM exited before reporting its port).
+    session = start_session(settings, work_dir)
+    replica = Replica(storage, settings, work_dir, session)
+    server = ReplicaServer(replica, args.listen)
+    await server.start()
+    print(json.dumps({"address": server.address, "pid": os.getpid()}), flush=True)
+
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    await stopping.wait()
+    logging.getLogger(__name__).info("shutting down")
+    await server.stop(grace=2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=args.log_level.upper(),
+        format=f"%(asctime)s replica[{os.getpid()}] %(levelname)s %(name)s: %(message)s",
+    )
+    asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    main()
