@@ -160,7 +160,8 @@ def _predicate_mask(table: pa.Table, predicate: Predicate) -> pa.ChunkedArray:
         return pc.is_valid(column)
     if predicate.op == "in":
         values = predicate.value if isinstance(predicate.value, tuple) else (predicate.value,)
-        return pc.is_in(column, value_set=pa.array(values).cast(column.type))
+        # As in SQL, a null never matches, not even a null in the list.
+        return pc.is_in(column, value_set=pa.array(values).cast(column.type), skip_nulls=True)
     try:
         literal = pa.scalar(predicate.value).cast(column.type)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:

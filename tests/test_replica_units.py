@@ -1,0 +1,160 @@
+"""The replica's pure parts, without Spark: arrangements, finishing, step planning,
+storage traces and sink diffs."""
+
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import history as h
+from replica_service._arrangement import Arrangement, Version, canonical_sort, digest, finish
+from replica_service._dataflow import times_to_compute
+from replica_service._inputs import StorageTrace
+from replica_service._sink import difference
+from storage import DIFF, TIME, snapshot_of
+
+ROWS = pa.table(
+    {
+        "region": ["north", "south", None, "north", "east", "south"],
+        "n": [3, 1, 7, 3, None, 2],
+        "total": [1.5, 2.0, 0.25, 1.5, 9.0, -1.0],
+    }
+)
+
+
+def test_canonical_sort_ignores_input_order_and_digest_follows_rows():
+    shuffled = ROWS.take(random.Random(7).sample(range(ROWS.num_rows), ROWS.num_rows))
+    assert canonical_sort(shuffled).equals(canonical_sort(ROWS))
+    assert digest(canonical_sort(shuffled)) == digest(canonical_sort(ROWS))
+    assert digest(canonical_sort(ROWS.slice(1))) != digest(canonical_sort(ROWS))
+
+
+def test_key_lookup_returns_every_row_of_the_key():
+    version = Version.build(5, ROWS, ("region",))
+    assert version.lookup(("north",)).to_pylist() == [{"region": "north", "n": 3, "total": 1.5}] * 2
+    assert version.lookup((None,)).column("n").to_pylist() == [7]
+    assert version.lookup(("west",)).num_rows == 0
+
+
+def test_key_lookup_casts_literals_and_refuses_bad_keys():
+    version = Version.build(5, ROWS, ("n",))
+    assert version.lookup((2.0,)).column("region").to_pylist() == ["south"]
+    with pytest.raises(ValueError, match="needs 1 value"):
+        version.lookup((1, 2))
+    with pytest.raises(ValueError, match="does not fit column n"):
+        version.lookup(("many",))
+
+
+def test_arrangement_reads_the_latest_version_at_or_before_a_time():
+    arrangement = Arrangement("u1", (), h.Frontier(10), h.Frontier(10))
+    for time in (10, 20, 30):
+        arrangement.insert(Version.build(time, ROWS.slice(0, time // 10), ()))
+    assert arrangement.version_at(9) is None
+    assert arrangement.version_at(10).time == 10
+    assert arrangement.version_at(29).time == 20
+    with pytest.raises(ValueError, match="not after"):
+        arrangement.insert(Version.build(30, ROWS, ()))
+
+
+def test_compaction_keeps_what_reads_at_or_after_since_need():
+    arrangement = Arrangement("u1", (), h.Frontier(10), h.Frontier(40))
+    for time in (10, 20, 30):
+        arrangement.insert(Version.build(time, ROWS.slice(0, time // 10), ()))
+    arrangement.compact(h.Frontier(25))
+    assert [v.time for v in arrangement.versions] == [20, 30]
+    assert arrangement.version_at(25).time == 20
+    arrangement.compact(h.Frontier(5))  # since never regresses
+    assert arrangement.since == h.Frontier(25)
+    arrangement.compact(h.Frontier.empty())
+    assert arrangement.versions == []
+
+
+def test_finishing_filters_orders_slices_and_projects():
+    rows = canonical_sort(ROWS)
+    finishing = h.RowSetFinishing(
+        filter=(h.Predicate("n", ">", 1), h.Predicate("region", "in", ("north", "south", None))),
+        order_by=(h.OrderBy("total", descending=True),),
+        offset=1,
+        limit=2,
+        projection=("region", "total"),
+    )
+    assert finish(rows, finishing).to_pylist() == [{"region": "north", "total": 1.5}, {"region": "south", "total": -1.0}]
+    nulls_first = h.RowSetFinishing(order_by=(h.OrderBy("region", nulls_last=False),), limit=2, projection=("region",))
+    assert finish(rows, nulls_first).column("region").to_pylist() == [None, "east"]
+    assert finish(rows, h.RowSetFinishing(filter=(h.Predicate("n", "is_null"),))).column("region").to_pylist() == ["east"]
+
+
+@pytest.mark.parametrize(
+    "finishing, message",
+    [
+        (h.RowSetFinishing(filter=(h.Predicate("nope", "=", 1),)), "unknown column 'nope' in filter"),
+        (h.RowSetFinishing(order_by=(h.OrderBy("nope"),)), "unknown column 'nope' in order by"),
+        (h.RowSetFinishing(projection=("region", "nope")), "unknown column"),
+        (h.RowSetFinishing(filter=(h.Predicate("n", "=", "x"),)), "does not fit column n"),
+        (h.RowSetFinishing(key=("north",)), "needs an index"),
+    ],
+)
+def test_finishing_refuses_what_does_not_fit(finishing, message):
+    with pytest.raises(ValueError, match=message):
+        finish(ROWS, finishing)
+
+
+def test_times_to_compute():
+    never = h.Frontier.minimum()
+    assert times_to_compute(10, None, h.Frontier(10), [], never) == []  # inputs not past as_of
+    assert times_to_compute(10, None, h.Frontier(25), [12, 20], never) == [10, 12, 20]
+    assert times_to_compute(10, 12, h.Frontier(25), [20], never) == [20]
+    # Of the times at or below since only the latest is needed.
+    assert times_to_compute(10, None, h.Frontier(25), [12, 20, 22], h.Frontier(21)) == [20, 22]
+    assert times_to_compute(10, None, h.Frontier(25), [12, 20], h.Frontier.empty()) == [20]
+
+
+def _trace(updates: list[tuple[int, int, int]]) -> StorageTrace:
+    """A trace over `v BIGINT` loaded with (value, time, diff) updates at one go."""
+    schema = pa.schema([pa.field("v", pa.int64())])
+    trace = StorageTrace("u1", schema, as_of=0)
+    table = pa.table({"v": [u[0] for u in updates], TIME: [u[1] for u in updates], DIFF: [u[2] for u in updates]})
+    trace._add(table, max((u[1] for u in updates), default=0))
+    return trace
+
+
+updates_strategy = st.lists(
+    st.tuples(st.integers(0, 5), st.integers(0, 30), st.just(1)), min_size=1, max_size=60
+).map(lambda inserts: inserts + [(v, t + 3, -1) for v, t, _ in inserts[::3]])
+
+
+@settings(max_examples=200, deadline=None)
+@given(updates_strategy, st.integers(0, 35))
+def test_trace_compaction_preserves_snapshots_at_or_after_since(updates, since):
+    trace = _trace(updates)
+    last = max(u[1] for u in updates)
+    before = {t: trace.snapshot(t) for t in range(since, last + 1)}
+    times_before = [t for t in trace.times if t >= since]
+    trace.compact(since)
+    for t, expected in before.items():
+        assert trace.snapshot(t).equals(expected), t
+    assert [t for t in trace.times if t >= since] == times_before
+    assert len([t for t in trace.times if t < since]) <= 1
+
+
+def test_trace_change_times_are_bounded_on_both_sides():
+    trace = _trace([(1, 3, 1), (2, 5, 1), (3, 9, 1)])
+    assert trace.change_times(3, 9) == [5]
+    assert trace.change_times(0, float("inf")) == [3, 5, 9]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 4), max_size=12), st.lists(st.integers(0, 4), max_size=12))
+def test_difference_turns_old_into_new(old_values, new_values):
+    schema = pa.schema([pa.field("v", pa.int64())])
+    old = pa.table({"v": sorted(old_values)}, schema=schema)
+    new = pa.table({"v": sorted(new_values)}, schema=schema)
+    updates = difference(old, new, 7)
+    assert set(updates[TIME].to_pylist()) <= {7}
+    stamped_old = old.append_column(TIME, pa.array([0] * old.num_rows, pa.int64())).append_column(DIFF, pa.array([1] * old.num_rows, pa.int64()))
+    combined = pa.concat_tables([stamped_old, updates.select(["v", TIME, DIFF])])
+    assert snapshot_of(combined, ["v"], "test").column("v").to_pylist() == sorted(new_values)
