@@ -11,7 +11,7 @@ This module may not import anything beyond the standard library.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Iterable, Sequence, get_args
 
 from history._commands import (
     AllowCompaction,
@@ -20,13 +20,16 @@ from history._commands import (
     ComputeParameters,
     CreateDataflow,
     CreateInstance,
-    DataflowDescription,
     InitializationComplete,
     Peek,
     Schedule,
     UpdateConfiguration,
 )
 from history._frontier import Frontier
+
+
+_HISTORY_COMMANDS = frozenset(get_args(ComputeCommand))  # what `push` accepts
+_EMPTY = Frontier.empty()
 
 
 def reduce_commands(commands: Iterable[ComputeCommand]) -> list[ComputeCommand]:
@@ -37,39 +40,46 @@ def reduce_commands(commands: Iterable[ComputeCommand]) -> list[ComputeCommand]:
       `as_of` = join(as_of, meet of the exports' frontiers); one equal to (or below) the
       new `as_of` disappears; a dataflow whose `as_of` became empty disappears with its
       `Schedule`s; compactions of ids no dataflow here exports disappear;
-    - a `Peek` and its `CancelPeek` both disappear; duplicate `Schedule`s collapse;
+    - a `Peek` and its `CancelPeek` both disappear; `Schedule`s collapse to one per live
+      dataflow (the first, whichever export it names: they all start the same dataflow);
     - order: CreateInstance, UpdateConfiguration, CreateDataflow*, Schedule*, Peek*,
       AllowCompaction*, InitializationComplete.
 
     Invariants: the result is a fixed point (`reduce_commands(r) == r`), and its length
-    is at most 3 + pending peeks + sum over live dataflows of (2 + exports).
+    is at most 3 + pending peeks + sum over live dataflows of (1 + exports): per
+    dataflow its CreateDataflow, one Schedule, and a compaction for every export but the
+    lowest, which the `as_of` absorbed.
     """
     create_instance: CreateInstance | None = None
     parameters: ComputeParameters | None = None
-    dataflows: dict[str, DataflowDescription] = {}  # first export id -> description
+    # first export id -> (its latest CreateDataflow, its export ids)
+    dataflows: dict[str, tuple[CreateDataflow, tuple[str, ...]]] = {}
     owner: dict[str, str] = {}  # export id -> first export id of its dataflow
-    schedules: dict[str, None] = {}  # ordered set of scheduled ids
-    peeks: dict[str, Peek] = {}
-    compactions: dict[str, Frontier] = {}
+    schedules: dict[str, Schedule] = {}  # scheduled id -> its first Schedule, in order
+    peeks: dict[str, Peek] = {}  # pending uuid -> Peek
+    compactions: dict[str, AllowCompaction] = {}  # id -> its last AllowCompaction
     initialized = False
 
-    # Ordered by how often each command occurs in a long-running history.
+    # Ordered by how often each command occurs in a long-running history (the reduced
+    # prefix brings every live CreateDataflow and Schedule back at each reduction).
+    # Commands are kept as they came wherever the reduced form is the same command, so a
+    # reduction allocates only for what it rewrites.
     for command in commands:
         kind = type(command)
         if kind is AllowCompaction:
-            compactions[command.id] = command.frontier
+            compactions[command.id] = command
         elif kind is Peek:
             peeks[command.uuid] = command
         elif kind is CancelPeek:
             peeks.pop(command.uuid, None)
-        elif kind is Schedule:
-            schedules[command.id] = None
         elif kind is CreateDataflow:
-            desc = command.desc
-            key = desc.export_ids[0]
-            dataflows[key] = desc
-            for export_id in desc.export_ids:
+            export_ids = command.desc.export_ids
+            key = export_ids[0]
+            dataflows[key] = (command, export_ids)
+            for export_id in export_ids:
                 owner[export_id] = key
+        elif kind is Schedule:
+            schedules.setdefault(command.id, command)
         elif kind is UpdateConfiguration:
             parameters = command.params if parameters is None else parameters.update(command.params)
         elif kind is CreateInstance:
@@ -88,21 +98,29 @@ def reduce_commands(commands: Iterable[ComputeCommand]) -> list[ComputeCommand]:
 
     live: set[str] = set()
     kept_compactions: list[ComputeCommand] = []
-    for key, desc in dataflows.items():
-        since = Frontier.empty()
-        for export_id in desc.export_ids:
-            since = since.meet(compactions.get(export_id, desc.as_of))
-        as_of = desc.as_of.join(since)
+    for key, (create, export_ids) in dataflows.items():
+        original = create.desc.as_of
+        latest = [compactions.get(export_id) for export_id in export_ids]
+        since = _EMPTY
+        for compaction in latest:
+            since = since.meet(original if compaction is None else compaction.frontier)
+        as_of = original.join(since)
         if as_of.is_empty:
             continue
         live.add(key)
-        reduced.append(CreateDataflow(desc if as_of == desc.as_of else desc.with_as_of(as_of)))
-        for export_id in desc.export_ids:
-            frontier = compactions.get(export_id)
-            if frontier is not None and frontier > as_of:
-                kept_compactions.append(AllowCompaction(export_id, frontier))
+        if as_of != original:
+            create = CreateDataflow(create.desc.with_as_of(as_of))
+        reduced.append(create)
+        for compaction in latest:
+            if compaction is not None and compaction.frontier > as_of:
+                kept_compactions.append(compaction)
 
-    reduced.extend(Schedule(id) for id in schedules if owner.get(id) in live)
+    scheduled: set[str] = set()
+    for id, schedule in schedules.items():
+        key = owner.get(id)
+        if key in live and key not in scheduled:
+            scheduled.add(key)
+            reduced.append(schedule)
     reduced.extend(peeks.values())
     reduced.extend(kept_compactions)
     if initialized:
@@ -132,7 +150,13 @@ class CommandHistory:
             self.push(command)
 
     def push(self, command: ComputeCommand) -> None:
-        """Append `command`; reduce when the length exceeds twice the reduced length."""
+        """Append `command`; reduce when the length exceeds twice the reduced length.
+
+        Raises TypeError, and changes nothing, for anything but a history command: stored,
+        it would make some later, unrelated push fail in `reduce`.
+        """
+        if type(command) not in _HISTORY_COMMANDS:
+            raise TypeError(f"not a history command: {command!r}")
         commands = self._commands
         commands.append(command)
         self.pushed += 1

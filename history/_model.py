@@ -72,7 +72,11 @@ class ReplicaModel:
     initialized: bool = False
 
     def apply(self, command: ComputeCommand) -> None:
-        _APPLY[type(command)](self, command)
+        """Apply one command. Raises TypeError, and changes nothing, for a non-command."""
+        handler = _APPLY.get(type(command))
+        if handler is None:
+            raise TypeError(f"not a history command: {command!r}")
+        handler(self, command)
 
     def _create_instance(self, command: CreateInstance) -> None:
         if self.instance is None:
