@@ -32,6 +32,9 @@ DETERMINISTIC_SPARK_CONF: Mapping[str, str] = {
     "spark.sql.files.minPartitionNum": "4",
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.ansi.enabled": "true",
+    # Replicas hand Arrow tables to Spark, which cuts them into partitions of this many
+    # rows: it decides partitioning, and with it the last bits of float sums.
+    "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
 }
 """The Spark settings every instance starts from (DESIGN section 7): they fix
 partitioning, ANSI mode and the time zone, so every replica computes the same rows."""
