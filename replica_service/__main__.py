@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -45,6 +46,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 async def serve(args: argparse.Namespace) -> None:
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="tandem-replica-"))
+    try:
+        await _serve(args, work_dir)
+    finally:
+        if args.work_dir is None:
+            shutil.rmtree(work_dir, ignore_errors=True)
+
+
+async def _serve(args: argparse.Namespace, work_dir: Path) -> None:
     storage = Storage(Catalog.open(args.catalog), args.blob_dir)
     settings = SparkSettings(args.spark_master, args.driver_memory, args.spark_conf)
     # The JVM is launched (fork + exec) before gRPC starts its threads: a fork while

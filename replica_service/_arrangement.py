@@ -53,54 +53,82 @@ def digest(table: pa.Table) -> str:
 
 @dataclass(slots=True)
 class Version:
-    """One arranged version: rows sorted by (key, rest), a key index, and a digest."""
+    """One arranged version: rows sorted by (key, rest), a key index, and a digest.
+
+    Built off the event loop (sorting, hashing and indexing a large version takes tens of
+    milliseconds); lookups are then a dict access and a slice.
+    """
 
     time: int
     table: pa.Table
     key: tuple[str, ...]
     digest: str
-    _index: dict[tuple, tuple[int, int]] | None = field(default=None, repr=False)
+    index: dict[tuple, tuple[int, int]] = field(repr=False)  # key values -> (offset, count)
 
     @staticmethod
     def build(time: int, table: pa.Table, key: Sequence[str]) -> Version:
         table = canonical_sort(table, key)
-        return Version(time, table, tuple(key), digest(table))
+        return Version(time, table, tuple(key), digest(table), _key_runs(table, key))
 
     def lookup(self, values: Sequence[Scalar]) -> pa.Table:
-        """The rows whose key equals `values`, by hash lookup (built on first use)."""
+        """The rows whose key equals `values`."""
         if len(values) != len(self.key):
             raise ValueError(
                 f"a key lookup needs {len(self.key)} value(s) for key ({', '.join(self.key)}), "
                 f"got {len(values)}"
             )
-        index = self._index if self._index is not None else self._build_index()
-        offset, count = index.get(self._normalize(values), (0, 0))
+        offset, count = self.index.get(self._normalize(values), (0, 0))
         return self.table.slice(offset, count)
 
     def _normalize(self, values: Sequence[Scalar]) -> tuple:
-        """Cast literal key values to the key columns' types, as the index stores them."""
+        """Literal key values as the index stores them: cast to the key columns' types,
+        unless the Python type already is the column's."""
         normalized = []
         for name, value in zip(self.key, values):
             arrow_type = self.table.schema.field(name).type
+            if value is None or type(value) is _PYTHON_TYPES.get(arrow_type.id):
+                normalized.append(value)
+                continue
             try:
-                normalized.append(pa.scalar(value).cast(arrow_type).as_py() if value is not None else None)
+                normalized.append(pa.scalar(value).cast(arrow_type).as_py())
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
                 raise ValueError(f"key value {value!r} does not fit column {name} ({arrow_type}): {e}") from None
         return tuple(normalized)
 
-    def _build_index(self) -> dict[tuple, tuple[int, int]]:
-        index: dict[tuple, tuple[int, int]] = {}
-        columns = [self.table.column(name).to_pylist() for name in self.key]
-        previous, start = None, 0
-        for row, key in enumerate(zip(*columns)):
-            if key != previous:
-                if row:
-                    index[previous] = (start, row - start)
-                previous, start = key, row
-        if self.table.num_rows:
-            index[previous] = (start, self.table.num_rows - start)
-        self._index = index
-        return index
+
+_PYTHON_TYPES = {
+    **{t.id: int for t in (pa.int8(), pa.int16(), pa.int32(), pa.int64())},
+    **{t.id: float for t in (pa.float32(), pa.float64())},
+    **{t.id: str for t in (pa.string(), pa.large_string())},
+    pa.bool_().id: bool,
+}
+
+
+def _key_runs(table: pa.Table, key: Sequence[str]) -> dict[tuple, tuple[int, int]]:
+    """Map each distinct key to its run `(offset, count)` in a table sorted by the key.
+
+    Run starts are found with vectorised comparisons of each row with the one before
+    (two nulls compare equal); only one Python object per distinct key is made.
+    """
+    rows = table.num_rows
+    if rows == 0:
+        return {}
+    if not key:
+        return {(): (0, rows)}
+    changed = None
+    for name in key:
+        column = table.column(name).combine_chunks()
+        before, after = column.slice(0, rows - 1), column.slice(1)
+        differs = pc.if_else(
+            pc.and_(pc.is_valid(before), pc.is_valid(after)),
+            pc.not_equal(before, after),
+            pc.xor(pc.is_null(before), pc.is_null(after)),
+        )
+        changed = differs if changed is None else pc.or_(changed, differs)
+    starts = pc.indices_nonzero(pa.concat_arrays([pa.array([True]), changed])).to_pylist()
+    keys = zip(*(table.column(name).take(starts).to_pylist() for name in key))
+    ends = starts[1:] + [rows]
+    return {k: (start, end - start) for k, start, end in zip(keys, starts, ends)}
 
 
 @dataclass(slots=True)

@@ -399,7 +399,9 @@ class Replica:
         for arrangement in dataflow.arrangements.values():
             version = await loop.run_in_executor(self._io_pool, Version.build, time, result, arrangement.key)
             arrangement.insert(version)
-        dataflow.digest = digest(result)
+            dataflow.digest = version.digest
+        if not dataflow.arrangements:
+            dataflow.digest = await loop.run_in_executor(self._io_pool, digest, result)
         dataflow.last_computed = time
         dataflow.steps += 1
         await self._write_sinks(dataflow, (time, result), frontier)
