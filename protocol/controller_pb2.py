@@ -22,19 +22,94 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from protocol import compute_pb2 as protocol_dot_compute__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19protocol/controller.proto\x12\ttandem.v1\"\x13\n\x11GetVersionRequest\"F\n\x12GetVersionResponse\x12\x16\n\x0eserver_version\x18\x01 \x01(\t\x12\x18\n\x10\x63ontroller_epoch\x18\x02 \x01(\x03\x32W\n\nController\x12I\n\nGetVersion\x12\x1c.tandem.v1.GetVersionRequest\x1a\x1d.tandem.v1.GetVersionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19protocol/controller.proto\x12\ttandem.v1\x1a\x16protocol/compute.proto\"\x13\n\x11GetVersionRequest\"F\n\x12GetVersionResponse\x12\x16\n\x0eserver_version\x18\x01 \x01(\t\x12\x18\n\x10\x63ontroller_epoch\x18\x02 \x01(\x03\"o\n\tStringMap\x12\x32\n\x07\x65ntries\x18\x01 \x03(\x0b\x32!.tandem.v1.StringMap.EntriesEntry\x1a.\n\x0c\x45ntriesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"x\n\x0e\x43ollectionView\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x12\n\x05since\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12\x1b\n\x0ewrite_frontier\x18\x04 \x01(\x03H\x01\x88\x01\x01\x42\x08\n\x06_sinceB\x11\n\x0f_write_frontier\"\xb1\x02\n\x0bReplicaView\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\t\x12\x14\n\x0cspark_master\x18\x03 \x01(\t\x12\x14\n\x07\x61\x64\x64ress\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x0f\n\x07managed\x18\x05 \x01(\x08\x12\r\n\x05state\x18\x06 \x01(\t\x12\r\n\x05\x65poch\x18\x07 \x01(\x03\x12\x10\n\x03pid\x18\x08 \x01(\x03H\x01\x88\x01\x01\x12\x0f\n\x07in_sync\x18\t \x01(\x08\x12\x10\n\x08hydrated\x18\n \x01(\x08\x12\x13\n\x06lag_ms\x18\x0b \x01(\x03H\x02\x88\x01\x01\x12\x11\n\tpeeks_won\x18\x0c \x01(\x03\x12\x16\n\x0e\x64\x61taflows_kept\x18\r \x01(\x03\x12\x17\n\x0f\x64\x61taflows_built\x18\x0e \x01(\x03\x42\n\n\x08_addressB\x06\n\x04_pidB\t\n\x07_lag_ms\"\x98\x02\n\x0cInstanceView\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06health\x18\x02 \x01(\t\x12\x13\n\x0bmin_in_sync\x18\x03 \x01(\x03\x12\x12\n\nmax_lag_ms\x18\x04 \x01(\x03\x12\x1a\n\x12replica_timeout_ms\x18\x05 \x01(\x03\x12\x16\n\x0ehistory_length\x18\x06 \x01(\x03\x12\x1a\n\x12history_reductions\x18\x07 \x01(\x03\x12\x17\n\x0f\x63ommands_pushed\x18\x08 \x01(\x03\x12(\n\x08replicas\x18\t \x03(\x0b\x32\x16.tandem.v1.ReplicaView\x12.\n\x0b\x63ollections\x18\n \x03(\x0b\x32\x19.tandem.v1.CollectionView\"r\n\nSourceView\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06schema\x18\x03 \x01(\t\x12\x12\n\x05since\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\x05upper\x18\x05 \x01(\x03H\x01\x88\x01\x01\x42\x08\n\x06_sinceB\x08\n\x06_upper\"\xed\x01\n\x0c\x44\x61taflowView\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08instance\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0b\n\x03sql\x18\x04 \x01(\t\x12\x0e\n\x06schema\x18\x05 \x01(\t\x12\x15\n\x08index_id\x18\x06 \x01(\tH\x00\x88\x01\x01\x12\x30\n\tindex_key\x18\x07 \x01(\x0b\x32\x1d.tandem.compute.v1.StringList\x12\x14\n\x07sink_id\x18\x08 \x01(\tH\x01\x88\x01\x01\x12\x1c\n\x14\x63ompaction_window_ms\x18\t \x01(\x03\x42\x0b\n\t_index_idB\n\n\x08_sink_id\"U\n\nReadResult\x12\x12\n\nrows_arrow\x18\x01 \x01(\x0c\x12\x11\n\ttimestamp\x18\x02 \x01(\x03\x12\x14\n\x07replica\x18\x03 \x01(\tH\x00\x88\x01\x01\x42\n\n\x08_replica\"\xd9\x01\n\x15\x43reateInstanceRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x18\n\x0bmin_in_sync\x18\x02 \x01(\x03H\x00\x88\x01\x01\x12\x17\n\nmax_lag_ms\x18\x03 \x01(\x03H\x01\x88\x01\x01\x12\x1f\n\x12replica_timeout_ms\x18\x04 \x01(\x03H\x02\x88\x01\x01\x12(\n\nspark_conf\x18\x05 \x01(\x0b\x32\x14.tandem.v1.StringMapB\x0e\n\x0c_min_in_syncB\r\n\x0b_max_lag_msB\x15\n\x13_replica_timeout_ms\"#\n\x13\x44ropInstanceRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x16\n\x14\x44ropInstanceResponse\"\x16\n\x14ListInstancesRequest\"C\n\x15ListInstancesResponse\x12*\n\tinstances\x18\x01 \x03(\x0b\x32\x17.tandem.v1.InstanceView\"\xc7\x01\n\x11\x41\x64\x64ReplicaRequest\x12\x10\n\x08instance\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\x04size\x18\x03 \x01(\tH\x00\x88\x01\x01\x12\x19\n\x0cspark_master\x18\x04 \x01(\tH\x01\x88\x01\x01\x12(\n\nspark_conf\x18\x05 \x01(\x0b\x32\x14.tandem.v1.StringMap\x12\x14\n\x07\x61\x64\x64ress\x18\x06 \x01(\tH\x02\x88\x01\x01\x42\x07\n\x05_sizeB\x0f\n\r_spark_masterB\n\n\x08_address\"C\n\x12\x44ropReplicaRequest\x12\x10\n\x08instance\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05\x66orce\x18\x03 \x01(\x08\"\x15\n\x13\x44ropReplicaResponse\"W\n\rResizeRequest\x12\x10\n\x08instance\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\t\x12\x17\n\ntimeout_ms\x18\x03 \x01(\x03H\x00\x88\x01\x01\x42\r\n\x0b_timeout_ms\":\n\x0eResizeResponse\x12(\n\x08replicas\x18\x01 \x03(\x0b\x32\x16.tandem.v1.ReplicaView\"3\n\x13\x43reateSourceRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06schema\x18\x02 \x01(\t\"\x18\n\x08JsonRows\x12\x0c\n\x04rows\x18\x01 \x03(\t\"g\n\rAppendRequest\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x14\n\nrows_arrow\x18\x02 \x01(\x0cH\x00\x12(\n\trows_json\x18\x03 \x01(\x0b\x32\x13.tandem.v1.JsonRowsH\x00\x42\x06\n\x04rows\"#\n\x0e\x41ppendResponse\x12\x11\n\ttimestamp\x18\x01 \x01(\x03\"!\n\x11\x44ropSourceRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\"\x14\n\x12\x44ropSourceResponse\"\x14\n\x12ListSourcesRequest\"=\n\x13ListSourcesResponse\x12&\n\x07sources\x18\x01 \x03(\x0b\x32\x15.tandem.v1.SourceView\"\xa9\x01\n\x15\x43reateDataflowRequest\x12\x10\n\x08instance\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0b\n\x03sql\x18\x03 \x01(\t\x12\x30\n\tindex_key\x18\x04 \x01(\x0b\x32\x1d.tandem.compute.v1.StringList\x12\x13\n\x0bmaterialize\x18\x05 \x01(\x08\x12\x1c\n\x14\x63ompaction_window_ms\x18\x06 \x01(\x03\"5\n\x13\x44ropDataflowRequest\x12\x10\n\x08instance\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"\x16\n\x14\x44ropDataflowResponse\":\n\x14ListDataflowsRequest\x12\x15\n\x08instance\x18\x01 \x01(\tH\x00\x88\x01\x01\x42\x0b\n\t_instance\"C\n\x15ListDataflowsResponse\x12*\n\tdataflows\x18\x01 \x03(\x0b\x32\x17.tandem.v1.DataflowView\"\x8d\x03\n\x0bPeekRequest\x12\x10\n\x08instance\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12*\n\x03key\x18\x03 \x01(\x0b\x32\x1d.tandem.compute.v1.ScalarList\x12+\n\x05where\x18\x04 \x03(\x0b\x32\x1c.tandem.compute.v1.Predicate\x12,\n\x08order_by\x18\x05 \x03(\x0b\x32\x1a.tandem.compute.v1.OrderBy\x12\x12\n\x05limit\x18\x06 \x01(\x03H\x00\x88\x01\x01\x12\x0e\n\x06offset\x18\x07 \x01(\x03\x12.\n\x07\x63olumns\x18\x08 \x01(\x0b\x32\x1d.tandem.compute.v1.StringList\x12\x16\n\ttimestamp\x18\t \x01(\x03H\x01\x88\x01\x01\x12+\n\x0b\x63onsistency\x18\n \x01(\x0e\x32\x16.tandem.v1.Consistency\x12\x17\n\ntimeout_ms\x18\x0b \x01(\x03H\x02\x88\x01\x01\x42\x08\n\x06_limitB\x0c\n\n_timestampB\r\n\x0b_timeout_ms\"\xa8\x01\n\x0cQueryRequest\x12\x10\n\x08instance\x18\x01 \x01(\t\x12\x0b\n\x03sql\x18\x02 \x01(\t\x12\x16\n\ttimestamp\x18\x03 \x01(\x03H\x00\x88\x01\x01\x12+\n\x0b\x63onsistency\x18\x04 \x01(\x0e\x32\x16.tandem.v1.Consistency\x12\x17\n\ntimeout_ms\x18\x05 \x01(\x03H\x01\x88\x01\x01\x42\x0c\n\n_timestampB\r\n\x0b_timeout_ms\"3\n\rStatusRequest\x12\x15\n\x08instance\x18\x01 \x01(\tH\x00\x88\x01\x01\x42\x0b\n\t_instance\"<\n\x0eStatusResponse\x12*\n\tinstances\x18\x01 \x03(\x0b\x32\x17.tandem.v1.InstanceView*`\n\x0b\x43onsistency\x12\x1b\n\x17\x43ONSISTENCY_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x43ONSISTENCY_SERIALIZABLE\x10\x01\x12\x16\n\x12\x43ONSISTENCY_STRICT\x10\x02\x32\xda\t\n\nController\x12I\n\nGetVersion\x12\x1c.tandem.v1.GetVersionRequest\x1a\x1d.tandem.v1.GetVersionResponse\x12K\n\x0e\x43reateInstance\x12 .tandem.v1.CreateInstanceRequest\x1a\x17.tandem.v1.InstanceView\x12O\n\x0c\x44ropInstance\x12\x1e.tandem.v1.DropInstanceRequest\x1a\x1f.tandem.v1.DropInstanceResponse\x12R\n\rListInstances\x12\x1f.tandem.v1.ListInstancesRequest\x1a .tandem.v1.ListInstancesResponse\x12\x42\n\nAddReplica\x12\x1c.tandem.v1.AddReplicaRequest\x1a\x16.tandem.v1.ReplicaView\x12L\n\x0b\x44ropReplica\x12\x1d.tandem.v1.DropReplicaRequest\x1a\x1e.tandem.v1.DropReplicaResponse\x12=\n\x06Resize\x12\x18.tandem.v1.ResizeRequest\x1a\x19.tandem.v1.ResizeResponse\x12\x45\n\x0c\x43reateSource\x12\x1e.tandem.v1.CreateSourceRequest\x1a\x15.tandem.v1.SourceView\x12=\n\x06\x41ppend\x12\x18.tandem.v1.AppendRequest\x1a\x19.tandem.v1.AppendResponse\x12I\n\nDropSource\x12\x1c.tandem.v1.DropSourceRequest\x1a\x1d.tandem.v1.DropSourceResponse\x12L\n\x0bListSources\x12\x1d.tandem.v1.ListSourcesRequest\x1a\x1e.tandem.v1.ListSourcesResponse\x12K\n\x0e\x43reateDataflow\x12 .tandem.v1.CreateDataflowRequest\x1a\x17.tandem.v1.DataflowView\x12O\n\x0c\x44ropDataflow\x12\x1e.tandem.v1.DropDataflowRequest\x1a\x1f.tandem.v1.DropDataflowResponse\x12R\n\rListDataflows\x12\x1f.tandem.v1.ListDataflowsRequest\x1a .tandem.v1.ListDataflowsResponse\x12\x35\n\x04Peek\x12\x16.tandem.v1.PeekRequest\x1a\x15.tandem.v1.ReadResult\x12\x37\n\x05Query\x12\x17.tandem.v1.QueryRequest\x1a\x15.tandem.v1.ReadResult\x12=\n\x06Status\x12\x18.tandem.v1.StatusRequest\x1a\x19.tandem.v1.StatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protocol.controller_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_GETVERSIONREQUEST']._serialized_start=40
-  _globals['_GETVERSIONREQUEST']._serialized_end=59
-  _globals['_GETVERSIONRESPONSE']._serialized_start=61
-  _globals['_GETVERSIONRESPONSE']._serialized_end=131
-  _globals['_CONTROLLER']._serialized_start=133
-  _globals['_CONTROLLER']._serialized_end=220
+  _globals['_STRINGMAP_ENTRIESENTRY']._loaded_options = None
+  _globals['_STRINGMAP_ENTRIESENTRY']._serialized_options = b'8\001'
+  _globals['_CONSISTENCY']._serialized_start=3672
+  _globals['_CONSISTENCY']._serialized_end=3768
+  _globals['_GETVERSIONREQUEST']._serialized_start=64
+  _globals['_GETVERSIONREQUEST']._serialized_end=83
+  _globals['_GETVERSIONRESPONSE']._serialized_start=85
+  _globals['_GETVERSIONRESPONSE']._serialized_end=155
+  _globals['_STRINGMAP']._serialized_start=157
+  _globals['_STRINGMAP']._serialized_end=268
+  _globals['_STRINGMAP_ENTRIESENTRY']._serialized_start=222
+  _globals['_STRINGMAP_ENTRIESENTRY']._serialized_end=268
+  _globals['_COLLECTIONVIEW']._serialized_start=270
+  _globals['_COLLECTIONVIEW']._serialized_end=390
+  _globals['_REPLICAVIEW']._serialized_start=393
+  _globals['_REPLICAVIEW']._serialized_end=698
+  _globals['_INSTANCEVIEW']._serialized_start=701
+  _globals['_INSTANCEVIEW']._serialized_end=981
+  _globals['_SOURCEVIEW']._serialized_start=983
+  _globals['_SOURCEVIEW']._serialized_end=1097
+  _globals['_DATAFLOWVIEW']._serialized_start=1100
+  _globals['_DATAFLOWVIEW']._serialized_end=1337
+  _globals['_READRESULT']._serialized_start=1339
+  _globals['_READRESULT']._serialized_end=1424
+  _globals['_CREATEINSTANCEREQUEST']._serialized_start=1427
+  _globals['_CREATEINSTANCEREQUEST']._serialized_end=1644
+  _globals['_DROPINSTANCEREQUEST']._serialized_start=1646
+  _globals['_DROPINSTANCEREQUEST']._serialized_end=1681
+  _globals['_DROPINSTANCERESPONSE']._serialized_start=1683
+  _globals['_DROPINSTANCERESPONSE']._serialized_end=1705
+  _globals['_LISTINSTANCESREQUEST']._serialized_start=1707
+  _globals['_LISTINSTANCESREQUEST']._serialized_end=1729
+  _globals['_LISTINSTANCESRESPONSE']._serialized_start=1731
+  _globals['_LISTINSTANCESRESPONSE']._serialized_end=1798
+  _globals['_ADDREPLICAREQUEST']._serialized_start=1801
+  _globals['_ADDREPLICAREQUEST']._serialized_end=2000
+  _globals['_DROPREPLICAREQUEST']._serialized_start=2002
+  _globals['_DROPREPLICAREQUEST']._serialized_end=2069
+  _globals['_DROPREPLICARESPONSE']._serialized_start=2071
+  _globals['_DROPREPLICARESPONSE']._serialized_end=2092
+  _globals['_RESIZEREQUEST']._serialized_start=2094
+  _globals['_RESIZEREQUEST']._serialized_end=2181
+  _globals['_RESIZERESPONSE']._serialized_start=2183
+  _globals['_RESIZERESPONSE']._serialized_end=2241
+  _globals['_CREATESOURCEREQUEST']._serialized_start=2243
+  _globals['_CREATESOURCEREQUEST']._serialized_end=2294
+  _globals['_JSONROWS']._serialized_start=2296
+  _globals['_JSONROWS']._serialized_end=2320
+  _globals['_APPENDREQUEST']._serialized_start=2322
+  _globals['_APPENDREQUEST']._serialized_end=2425
+  _globals['_APPENDRESPONSE']._serialized_start=2427
+  _globals['_APPENDRESPONSE']._serialized_end=2462
+  _globals['_DROPSOURCEREQUEST']._serialized_start=2464
+  _globals['_DROPSOURCEREQUEST']._serialized_end=2497
+  _globals['_DROPSOURCERESPONSE']._serialized_start=2499
+  _globals['_DROPSOURCERESPONSE']._serialized_end=2519
+  _globals['_LISTSOURCESREQUEST']._serialized_start=2521
+  _globals['_LISTSOURCESREQUEST']._serialized_end=2541
+  _globals['_LISTSOURCESRESPONSE']._serialized_start=2543
+  _globals['_LISTSOURCESRESPONSE']._serialized_end=2604
+  _globals['_CREATEDATAFLOWREQUEST']._serialized_start=2607
+  _globals['_CREATEDATAFLOWREQUEST']._serialized_end=2776
+  _globals['_DROPDATAFLOWREQUEST']._serialized_start=2778
+  _globals['_DROPDATAFLOWREQUEST']._serialized_end=2831
+  _globals['_DROPDATAFLOWRESPONSE']._serialized_start=2833
+  _globals['_DROPDATAFLOWRESPONSE']._serialized_end=2855
+  _globals['_LISTDATAFLOWSREQUEST']._serialized_start=2857
+  _globals['_LISTDATAFLOWSREQUEST']._serialized_end=2915
+  _globals['_LISTDATAFLOWSRESPONSE']._serialized_start=2917
+  _globals['_LISTDATAFLOWSRESPONSE']._serialized_end=2984
+  _globals['_PEEKREQUEST']._serialized_start=2987
+  _globals['_PEEKREQUEST']._serialized_end=3384
+  _globals['_QUERYREQUEST']._serialized_start=3387
+  _globals['_QUERYREQUEST']._serialized_end=3555
+  _globals['_STATUSREQUEST']._serialized_start=3557
+  _globals['_STATUSREQUEST']._serialized_end=3608
+  _globals['_STATUSRESPONSE']._serialized_start=3610
+  _globals['_STATUSRESPONSE']._serialized_end=3670
+  _globals['_CONTROLLER']._serialized_start=3771
+  _globals['_CONTROLLER']._serialized_end=5013
 # @@protoc_insertion_point(module_scope)

@@ -1,8 +1,21 @@
+from protocol import compute_pb2 as _compute_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from typing import ClassVar as _ClassVar, Optional as _Optional
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class Consistency(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CONSISTENCY_UNSPECIFIED: _ClassVar[Consistency]
+    CONSISTENCY_SERIALIZABLE: _ClassVar[Consistency]
+    CONSISTENCY_STRICT: _ClassVar[Consistency]
+CONSISTENCY_UNSPECIFIED: Consistency
+CONSISTENCY_SERIALIZABLE: Consistency
+CONSISTENCY_STRICT: Consistency
 
 class GetVersionRequest(_message.Message):
     __slots__ = ()
@@ -15,3 +28,352 @@ class GetVersionResponse(_message.Message):
     server_version: str
     controller_epoch: int
     def __init__(self, server_version: _Optional[str] = ..., controller_epoch: _Optional[int] = ...) -> None: ...
+
+class StringMap(_message.Message):
+    __slots__ = ("entries",)
+    class EntriesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.ScalarMap[str, str]
+    def __init__(self, entries: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class CollectionView(_message.Message):
+    __slots__ = ("id", "name", "since", "write_frontier")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    WRITE_FRONTIER_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    since: int
+    write_frontier: int
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., since: _Optional[int] = ..., write_frontier: _Optional[int] = ...) -> None: ...
+
+class ReplicaView(_message.Message):
+    __slots__ = ("name", "size", "spark_master", "address", "managed", "state", "epoch", "pid", "in_sync", "hydrated", "lag_ms", "peeks_won", "dataflows_kept", "dataflows_built")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    SPARK_MASTER_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    MANAGED_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    IN_SYNC_FIELD_NUMBER: _ClassVar[int]
+    HYDRATED_FIELD_NUMBER: _ClassVar[int]
+    LAG_MS_FIELD_NUMBER: _ClassVar[int]
+    PEEKS_WON_FIELD_NUMBER: _ClassVar[int]
+    DATAFLOWS_KEPT_FIELD_NUMBER: _ClassVar[int]
+    DATAFLOWS_BUILT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    size: str
+    spark_master: str
+    address: str
+    managed: bool
+    state: str
+    epoch: int
+    pid: int
+    in_sync: bool
+    hydrated: bool
+    lag_ms: int
+    peeks_won: int
+    dataflows_kept: int
+    dataflows_built: int
+    def __init__(self, name: _Optional[str] = ..., size: _Optional[str] = ..., spark_master: _Optional[str] = ..., address: _Optional[str] = ..., managed: _Optional[bool] = ..., state: _Optional[str] = ..., epoch: _Optional[int] = ..., pid: _Optional[int] = ..., in_sync: _Optional[bool] = ..., hydrated: _Optional[bool] = ..., lag_ms: _Optional[int] = ..., peeks_won: _Optional[int] = ..., dataflows_kept: _Optional[int] = ..., dataflows_built: _Optional[int] = ...) -> None: ...
+
+class InstanceView(_message.Message):
+    __slots__ = ("name", "health", "min_in_sync", "max_lag_ms", "replica_timeout_ms", "history_length", "history_reductions", "commands_pushed", "replicas", "collections")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    HEALTH_FIELD_NUMBER: _ClassVar[int]
+    MIN_IN_SYNC_FIELD_NUMBER: _ClassVar[int]
+    MAX_LAG_MS_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_REDUCTIONS_FIELD_NUMBER: _ClassVar[int]
+    COMMANDS_PUSHED_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIONS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    health: str
+    min_in_sync: int
+    max_lag_ms: int
+    replica_timeout_ms: int
+    history_length: int
+    history_reductions: int
+    commands_pushed: int
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaView]
+    collections: _containers.RepeatedCompositeFieldContainer[CollectionView]
+    def __init__(self, name: _Optional[str] = ..., health: _Optional[str] = ..., min_in_sync: _Optional[int] = ..., max_lag_ms: _Optional[int] = ..., replica_timeout_ms: _Optional[int] = ..., history_length: _Optional[int] = ..., history_reductions: _Optional[int] = ..., commands_pushed: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaView, _Mapping]]] = ..., collections: _Optional[_Iterable[_Union[CollectionView, _Mapping]]] = ...) -> None: ...
+
+class SourceView(_message.Message):
+    __slots__ = ("id", "name", "schema", "since", "upper")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    UPPER_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    schema: str
+    since: int
+    upper: int
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., schema: _Optional[str] = ..., since: _Optional[int] = ..., upper: _Optional[int] = ...) -> None: ...
+
+class DataflowView(_message.Message):
+    __slots__ = ("id", "instance", "name", "sql", "schema", "index_id", "index_key", "sink_id", "compaction_window_ms")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SQL_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    INDEX_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_KEY_FIELD_NUMBER: _ClassVar[int]
+    SINK_ID_FIELD_NUMBER: _ClassVar[int]
+    COMPACTION_WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    instance: str
+    name: str
+    sql: str
+    schema: str
+    index_id: str
+    index_key: _compute_pb2.StringList
+    sink_id: str
+    compaction_window_ms: int
+    def __init__(self, id: _Optional[str] = ..., instance: _Optional[str] = ..., name: _Optional[str] = ..., sql: _Optional[str] = ..., schema: _Optional[str] = ..., index_id: _Optional[str] = ..., index_key: _Optional[_Union[_compute_pb2.StringList, _Mapping]] = ..., sink_id: _Optional[str] = ..., compaction_window_ms: _Optional[int] = ...) -> None: ...
+
+class ReadResult(_message.Message):
+    __slots__ = ("rows_arrow", "timestamp", "replica")
+    ROWS_ARROW_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    rows_arrow: bytes
+    timestamp: int
+    replica: str
+    def __init__(self, rows_arrow: _Optional[bytes] = ..., timestamp: _Optional[int] = ..., replica: _Optional[str] = ...) -> None: ...
+
+class CreateInstanceRequest(_message.Message):
+    __slots__ = ("name", "min_in_sync", "max_lag_ms", "replica_timeout_ms", "spark_conf")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MIN_IN_SYNC_FIELD_NUMBER: _ClassVar[int]
+    MAX_LAG_MS_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    SPARK_CONF_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    min_in_sync: int
+    max_lag_ms: int
+    replica_timeout_ms: int
+    spark_conf: StringMap
+    def __init__(self, name: _Optional[str] = ..., min_in_sync: _Optional[int] = ..., max_lag_ms: _Optional[int] = ..., replica_timeout_ms: _Optional[int] = ..., spark_conf: _Optional[_Union[StringMap, _Mapping]] = ...) -> None: ...
+
+class DropInstanceRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DropInstanceResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListInstancesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListInstancesResponse(_message.Message):
+    __slots__ = ("instances",)
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    instances: _containers.RepeatedCompositeFieldContainer[InstanceView]
+    def __init__(self, instances: _Optional[_Iterable[_Union[InstanceView, _Mapping]]] = ...) -> None: ...
+
+class AddReplicaRequest(_message.Message):
+    __slots__ = ("instance", "name", "size", "spark_master", "spark_conf", "address")
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    SPARK_MASTER_FIELD_NUMBER: _ClassVar[int]
+    SPARK_CONF_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    instance: str
+    name: str
+    size: str
+    spark_master: str
+    spark_conf: StringMap
+    address: str
+    def __init__(self, instance: _Optional[str] = ..., name: _Optional[str] = ..., size: _Optional[str] = ..., spark_master: _Optional[str] = ..., spark_conf: _Optional[_Union[StringMap, _Mapping]] = ..., address: _Optional[str] = ...) -> None: ...
+
+class DropReplicaRequest(_message.Message):
+    __slots__ = ("instance", "name", "force")
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    instance: str
+    name: str
+    force: bool
+    def __init__(self, instance: _Optional[str] = ..., name: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class DropReplicaResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ResizeRequest(_message.Message):
+    __slots__ = ("instance", "size", "timeout_ms")
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    instance: str
+    size: str
+    timeout_ms: int
+    def __init__(self, instance: _Optional[str] = ..., size: _Optional[str] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class ResizeResponse(_message.Message):
+    __slots__ = ("replicas",)
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaView]
+    def __init__(self, replicas: _Optional[_Iterable[_Union[ReplicaView, _Mapping]]] = ...) -> None: ...
+
+class CreateSourceRequest(_message.Message):
+    __slots__ = ("name", "schema")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    schema: str
+    def __init__(self, name: _Optional[str] = ..., schema: _Optional[str] = ...) -> None: ...
+
+class JsonRows(_message.Message):
+    __slots__ = ("rows",)
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, rows: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AppendRequest(_message.Message):
+    __slots__ = ("source", "rows_arrow", "rows_json")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    ROWS_ARROW_FIELD_NUMBER: _ClassVar[int]
+    ROWS_JSON_FIELD_NUMBER: _ClassVar[int]
+    source: str
+    rows_arrow: bytes
+    rows_json: JsonRows
+    def __init__(self, source: _Optional[str] = ..., rows_arrow: _Optional[bytes] = ..., rows_json: _Optional[_Union[JsonRows, _Mapping]] = ...) -> None: ...
+
+class AppendResponse(_message.Message):
+    __slots__ = ("timestamp",)
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    timestamp: int
+    def __init__(self, timestamp: _Optional[int] = ...) -> None: ...
+
+class DropSourceRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DropSourceResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListSourcesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListSourcesResponse(_message.Message):
+    __slots__ = ("sources",)
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
+    sources: _containers.RepeatedCompositeFieldContainer[SourceView]
+    def __init__(self, sources: _Optional[_Iterable[_Union[SourceView, _Mapping]]] = ...) -> None: ...
+
+class CreateDataflowRequest(_message.Message):
+    __slots__ = ("instance", "name", "sql", "index_key", "materialize", "compaction_window_ms")
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SQL_FIELD_NUMBER: _ClassVar[int]
+    INDEX_KEY_FIELD_NUMBER: _ClassVar[int]
+    MATERIALIZE_FIELD_NUMBER: _ClassVar[int]
+    COMPACTION_WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
+    instance: str
+    name: str
+    sql: str
+    index_key: _compute_pb2.StringList
+    materialize: bool
+    compaction_window_ms: int
+    def __init__(self, instance: _Optional[str] = ..., name: _Optional[str] = ..., sql: _Optional[str] = ..., index_key: _Optional[_Union[_compute_pb2.StringList, _Mapping]] = ..., materialize: _Optional[bool] = ..., compaction_window_ms: _Optional[int] = ...) -> None: ...
+
+class DropDataflowRequest(_message.Message):
+    __slots__ = ("instance", "name")
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    instance: str
+    name: str
+    def __init__(self, instance: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class DropDataflowResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListDataflowsRequest(_message.Message):
+    __slots__ = ("instance",)
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    instance: str
+    def __init__(self, instance: _Optional[str] = ...) -> None: ...
+
+class ListDataflowsResponse(_message.Message):
+    __slots__ = ("dataflows",)
+    DATAFLOWS_FIELD_NUMBER: _ClassVar[int]
+    dataflows: _containers.RepeatedCompositeFieldContainer[DataflowView]
+    def __init__(self, dataflows: _Optional[_Iterable[_Union[DataflowView, _Mapping]]] = ...) -> None: ...
+
+class PeekRequest(_message.Message):
+    __slots__ = ("instance", "name", "key", "where", "order_by", "limit", "offset", "columns", "timestamp", "consistency", "timeout_ms")
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    WHERE_FIELD_NUMBER: _ClassVar[int]
+    ORDER_BY_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    instance: str
+    name: str
+    key: _compute_pb2.ScalarList
+    where: _containers.RepeatedCompositeFieldContainer[_compute_pb2.Predicate]
+    order_by: _containers.RepeatedCompositeFieldContainer[_compute_pb2.OrderBy]
+    limit: int
+    offset: int
+    columns: _compute_pb2.StringList
+    timestamp: int
+    consistency: Consistency
+    timeout_ms: int
+    def __init__(self, instance: _Optional[str] = ..., name: _Optional[str] = ..., key: _Optional[_Union[_compute_pb2.ScalarList, _Mapping]] = ..., where: _Optional[_Iterable[_Union[_compute_pb2.Predicate, _Mapping]]] = ..., order_by: _Optional[_Iterable[_Union[_compute_pb2.OrderBy, _Mapping]]] = ..., limit: _Optional[int] = ..., offset: _Optional[int] = ..., columns: _Optional[_Union[_compute_pb2.StringList, _Mapping]] = ..., timestamp: _Optional[int] = ..., consistency: _Optional[_Union[Consistency, str]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class QueryRequest(_message.Message):
+    __slots__ = ("instance", "sql", "timestamp", "consistency", "timeout_ms")
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    SQL_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    CONSISTENCY_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    instance: str
+    sql: str
+    timestamp: int
+    consistency: Consistency
+    timeout_ms: int
+    def __init__(self, instance: _Optional[str] = ..., sql: _Optional[str] = ..., timestamp: _Optional[int] = ..., consistency: _Optional[_Union[Consistency, str]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ("instance",)
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    instance: str
+    def __init__(self, instance: _Optional[str] = ...) -> None: ...
+
+class StatusResponse(_message.Message):
+    __slots__ = ("instances",)
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    instances: _containers.RepeatedCompositeFieldContainer[InstanceView]
+    def __init__(self, instances: _Optional[_Iterable[_Union[InstanceView, _Mapping]]] = ...) -> None: ...

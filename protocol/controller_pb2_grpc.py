@@ -40,6 +40,86 @@ class ControllerStub:
                 request_serializer=protocol_dot_controller__pb2.GetVersionRequest.SerializeToString,
                 response_deserializer=protocol_dot_controller__pb2.GetVersionResponse.FromString,
                 _registered_method=True)
+        self.CreateInstance = channel.unary_unary(
+                '/tandem.v1.Controller/CreateInstance',
+                request_serializer=protocol_dot_controller__pb2.CreateInstanceRequest.SerializeToString,
+                response_deserializer=protocol_dot_controller__pb2.InstanceView.FromString,
+                _registered_method=True)
+        self.DropInstance = channel.unary_unary(
+                '/tandem.v1.Controller/DropInstance',
+                request_serializer=protocol_dot_controller__pb2.DropInstanceRequest.SerializeToString,
+                response_deserializer=protocol_dot_controller__pb2.DropInstanceResponse.FromString,
+                _registered_method=True)
+        self.ListInstances = channel.unary_unary(
+                '/tandem.v1.Controller/ListInstances',
+                request_serializer=protocol_dot_controller__pb2.ListInstancesRequest.SerializeToString,
+                response_deserializer=protocol_dot_controller__pb2.ListInstancesResponse.FromString,
+                _registered_method=True)
+        self.AddReplica = channel.unary_unary(
+                '/tandem.v1.Controller/AddReplica',
+                request_serializer=protocol_dot_controller__pb2.AddReplicaRequest.SerializeToString,
+                response_deserializer=protocol_dot_controller__pb2.ReplicaView.FromString,
+                _registered_method=True)
+        self.DropReplica = channel.unary_unary(
+                '/tandem.v1.Controller/DropReplica',
+                request_serializer=protocol_dot_controller__pb2.DropReplicaRequest.SerializeToString,
+                response_deserializer=protocol_dot_controller__pb2.DropReplicaResponse.FromString,
+                _registered_method=True)
+        self.Resize = channel.unary_unary(
+                '/tandem.v1.Controller/Resize',
+                request_serializer=protocol_dot_controller__pb2.ResizeRequest.SerializeToString,
+                response_deserializer=protocol_dot_controller__pb2.ResizeResponse.FromString,
+                _registered_method=True)
+        self.CreateSource = channel.unary_unary(
+                '/tandem.v1.Controller/CreateSource',
+                request_serializer=protocol_dot_controller__pb2.CreateSourceRequest.SerializeToString,
+                response_deserializer=protocol_dot_controller__pb2.SourceView.FromString,
+                _registered_method=True)
+        self.Append = channel.unary_unary(
+                '/tandem.v1.Controller/Append',
+                request_serializer=protocol_dot_controller__pb2.AppendRequest.SerializeToString,
+                response_deserializer=protocol_dot_controller__pb2.AppendResponse.FromString,
+                _registered_method=True)
+        self.DropSource = channel.unary_unary(
+                '/tandem.v1.Controller/DropSource',
+                request_serializer=protocol_dot_controller__pb2.DropSourceRequest.SerializeToString,
+                response_deserializer=protocol_dot_controller__pb2.DropSourceResponse.FromString,
+                _registered_method=True)
+        self.ListSources = channel.unary_unary(
+                '/tandem.v1.Controller/ListSources',
+                request_serializer=protocol_dot_controller__pb2.ListSourcesRequest.SerializeToString,
+                response_deserializer=protocol_dot_controller__pb2.ListSourcesResponse.FromString,
+                _registered_method=True)
+        self.CreateDataflow = channel.unary_unary(
+                '/tandem.v1.Controller/CreateDataflow',
+                request_serializer=protocol_dot_controller__pb2.CreateDataflowRequest.SerializeToString,
+                response_deserializer=protocol_dot_controller__pb2.DataflowView.FromString,
+                _registered_method=True)
+        self.DropDataflow = channel.unary_unary(
+                '/tandem.v1.Controller/DropDataflow',
+                request_serializer=protocol_dot_controller__pb2.DropDataflowRequest.SerializeToString,
+                response_deserializer=protocol_dot_controller__pb2.DropDataflowResponse.FromString,
+                _registered_method=True)
+        self.ListDataflows = channel.unary_unary(
+                '/tandem.v1.Controller/ListDataflows',
+                request_serializer=protocol_dot_controller__pb2.ListDataflowsRequest.SerializeToString,
+                response_deserializer=protocol_dot_controller__pb2.ListDataflowsResponse.FromString,
+                _registered_method=True)
+        self.Peek = channel.unary_unary(
+                '/tandem.v1.Controller/Peek',
+                request_serializer=protocol_dot_controller__pb2.PeekRequest.SerializeToString,
+                response_deserializer=protocol_dot_controller__pb2.ReadResult.FromString,
+                _registered_method=True)
+        self.Query = channel.unary_unary(
+                '/tandem.v1.Controller/Query',
+                request_serializer=protocol_dot_controller__pb2.QueryRequest.SerializeToString,
+                response_deserializer=protocol_dot_controller__pb2.ReadResult.FromString,
+                _registered_method=True)
+        self.Status = channel.unary_unary(
+                '/tandem.v1.Controller/Status',
+                request_serializer=protocol_dot_controller__pb2.StatusRequest.SerializeToString,
+                response_deserializer=protocol_dot_controller__pb2.StatusResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServicer:
@@ -54,6 +134,108 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateInstance(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DropInstance(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListInstances(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddReplica(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DropReplica(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Resize(self, request, context):
+        """Adds replicas of the new size, waits until they are in sync, drops the old ones.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateSource(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Append(self, request, context):
+        """All rows at one new timestamp, or none: rows that do not fit the schema refuse the
+        whole append with INVALID_ARGUMENT naming the column and the row.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DropSource(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSources(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateDataflow(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DropDataflow(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListDataflows(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Peek(self, request, context):
+        """Read an index of a dataflow, finished (key lookup, filter, order, offset, limit,
+        projection) by the replica that answers first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Query(self, request, context):
+        """Run SQL over the instance's indexes at one time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Status(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -61,6 +243,86 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.GetVersion,
                     request_deserializer=protocol_dot_controller__pb2.GetVersionRequest.FromString,
                     response_serializer=protocol_dot_controller__pb2.GetVersionResponse.SerializeToString,
+            ),
+            'CreateInstance': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateInstance,
+                    request_deserializer=protocol_dot_controller__pb2.CreateInstanceRequest.FromString,
+                    response_serializer=protocol_dot_controller__pb2.InstanceView.SerializeToString,
+            ),
+            'DropInstance': grpc.unary_unary_rpc_method_handler(
+                    servicer.DropInstance,
+                    request_deserializer=protocol_dot_controller__pb2.DropInstanceRequest.FromString,
+                    response_serializer=protocol_dot_controller__pb2.DropInstanceResponse.SerializeToString,
+            ),
+            'ListInstances': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListInstances,
+                    request_deserializer=protocol_dot_controller__pb2.ListInstancesRequest.FromString,
+                    response_serializer=protocol_dot_controller__pb2.ListInstancesResponse.SerializeToString,
+            ),
+            'AddReplica': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddReplica,
+                    request_deserializer=protocol_dot_controller__pb2.AddReplicaRequest.FromString,
+                    response_serializer=protocol_dot_controller__pb2.ReplicaView.SerializeToString,
+            ),
+            'DropReplica': grpc.unary_unary_rpc_method_handler(
+                    servicer.DropReplica,
+                    request_deserializer=protocol_dot_controller__pb2.DropReplicaRequest.FromString,
+                    response_serializer=protocol_dot_controller__pb2.DropReplicaResponse.SerializeToString,
+            ),
+            'Resize': grpc.unary_unary_rpc_method_handler(
+                    servicer.Resize,
+                    request_deserializer=protocol_dot_controller__pb2.ResizeRequest.FromString,
+                    response_serializer=protocol_dot_controller__pb2.ResizeResponse.SerializeToString,
+            ),
+            'CreateSource': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateSource,
+                    request_deserializer=protocol_dot_controller__pb2.CreateSourceRequest.FromString,
+                    response_serializer=protocol_dot_controller__pb2.SourceView.SerializeToString,
+            ),
+            'Append': grpc.unary_unary_rpc_method_handler(
+                    servicer.Append,
+                    request_deserializer=protocol_dot_controller__pb2.AppendRequest.FromString,
+                    response_serializer=protocol_dot_controller__pb2.AppendResponse.SerializeToString,
+            ),
+            'DropSource': grpc.unary_unary_rpc_method_handler(
+                    servicer.DropSource,
+                    request_deserializer=protocol_dot_controller__pb2.DropSourceRequest.FromString,
+                    response_serializer=protocol_dot_controller__pb2.DropSourceResponse.SerializeToString,
+            ),
+            'ListSources': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSources,
+                    request_deserializer=protocol_dot_controller__pb2.ListSourcesRequest.FromString,
+                    response_serializer=protocol_dot_controller__pb2.ListSourcesResponse.SerializeToString,
+            ),
+            'CreateDataflow': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateDataflow,
+                    request_deserializer=protocol_dot_controller__pb2.CreateDataflowRequest.FromString,
+                    response_serializer=protocol_dot_controller__pb2.DataflowView.SerializeToString,
+            ),
+            'DropDataflow': grpc.unary_unary_rpc_method_handler(
+                    servicer.DropDataflow,
+                    request_deserializer=protocol_dot_controller__pb2.DropDataflowRequest.FromString,
+                    response_serializer=protocol_dot_controller__pb2.DropDataflowResponse.SerializeToString,
+            ),
+            'ListDataflows': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDataflows,
+                    request_deserializer=protocol_dot_controller__pb2.ListDataflowsRequest.FromString,
+                    response_serializer=protocol_dot_controller__pb2.ListDataflowsResponse.SerializeToString,
+            ),
+            'Peek': grpc.unary_unary_rpc_method_handler(
+                    servicer.Peek,
+                    request_deserializer=protocol_dot_controller__pb2.PeekRequest.FromString,
+                    response_serializer=protocol_dot_controller__pb2.ReadResult.SerializeToString,
+            ),
+            'Query': grpc.unary_unary_rpc_method_handler(
+                    servicer.Query,
+                    request_deserializer=protocol_dot_controller__pb2.QueryRequest.FromString,
+                    response_serializer=protocol_dot_controller__pb2.ReadResult.SerializeToString,
+            ),
+            'Status': grpc.unary_unary_rpc_method_handler(
+                    servicer.Status,
+                    request_deserializer=protocol_dot_controller__pb2.StatusRequest.FromString,
+                    response_serializer=protocol_dot_controller__pb2.StatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -91,6 +353,438 @@ class Controller:
             '/tandem.v1.Controller/GetVersion',
             protocol_dot_controller__pb2.GetVersionRequest.SerializeToString,
             protocol_dot_controller__pb2.GetVersionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateInstance(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.Controller/CreateInstance',
+            protocol_dot_controller__pb2.CreateInstanceRequest.SerializeToString,
+            protocol_dot_controller__pb2.InstanceView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DropInstance(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.Controller/DropInstance',
+            protocol_dot_controller__pb2.DropInstanceRequest.SerializeToString,
+            protocol_dot_controller__pb2.DropInstanceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListInstances(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.Controller/ListInstances',
+            protocol_dot_controller__pb2.ListInstancesRequest.SerializeToString,
+            protocol_dot_controller__pb2.ListInstancesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddReplica(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.Controller/AddReplica',
+            protocol_dot_controller__pb2.AddReplicaRequest.SerializeToString,
+            protocol_dot_controller__pb2.ReplicaView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DropReplica(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.Controller/DropReplica',
+            protocol_dot_controller__pb2.DropReplicaRequest.SerializeToString,
+            protocol_dot_controller__pb2.DropReplicaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Resize(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.Controller/Resize',
+            protocol_dot_controller__pb2.ResizeRequest.SerializeToString,
+            protocol_dot_controller__pb2.ResizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateSource(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.Controller/CreateSource',
+            protocol_dot_controller__pb2.CreateSourceRequest.SerializeToString,
+            protocol_dot_controller__pb2.SourceView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Append(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.Controller/Append',
+            protocol_dot_controller__pb2.AppendRequest.SerializeToString,
+            protocol_dot_controller__pb2.AppendResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DropSource(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.Controller/DropSource',
+            protocol_dot_controller__pb2.DropSourceRequest.SerializeToString,
+            protocol_dot_controller__pb2.DropSourceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSources(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.Controller/ListSources',
+            protocol_dot_controller__pb2.ListSourcesRequest.SerializeToString,
+            protocol_dot_controller__pb2.ListSourcesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateDataflow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.Controller/CreateDataflow',
+            protocol_dot_controller__pb2.CreateDataflowRequest.SerializeToString,
+            protocol_dot_controller__pb2.DataflowView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DropDataflow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.Controller/DropDataflow',
+            protocol_dot_controller__pb2.DropDataflowRequest.SerializeToString,
+            protocol_dot_controller__pb2.DropDataflowResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDataflows(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.Controller/ListDataflows',
+            protocol_dot_controller__pb2.ListDataflowsRequest.SerializeToString,
+            protocol_dot_controller__pb2.ListDataflowsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Peek(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.Controller/Peek',
+            protocol_dot_controller__pb2.PeekRequest.SerializeToString,
+            protocol_dot_controller__pb2.ReadResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Query(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.Controller/Query',
+            protocol_dot_controller__pb2.QueryRequest.SerializeToString,
+            protocol_dot_controller__pb2.ReadResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Status(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.Controller/Status',
+            protocol_dot_controller__pb2.StatusRequest.SerializeToString,
+            protocol_dot_controller__pb2.StatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

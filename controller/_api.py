@@ -1,0 +1,210 @@
+"""What the controller offers its clients, independent of the wire.
+
+`ControllerApi` is the set of operations the gRPC servicer delegates to; the views are
+plain frozen values it returns. Every refusal is a `ControllerError` carrying the gRPC
+status name that fits (DESIGN section 9): the servicer maps it to a status in one place
+and never chooses a code itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Mapping, Protocol, Sequence
+
+import pyarrow as pa
+
+from history import OrderBy, Predicate, Scalar
+
+StatusCode = Literal[
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "INVALID_ARGUMENT",
+    "FAILED_PRECONDITION",
+    "UNAVAILABLE",
+    "DEADLINE_EXCEEDED",
+    "INTERNAL",
+]
+
+Consistency = Literal["serializable", "strict"]
+
+
+class ControllerError(Exception):
+    """A refused or failed request, with the gRPC status name that fits and a message a
+    user can act on. Nothing was changed by the request."""
+
+    def __init__(self, code: StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class CollectionView:
+    """A compute collection of an instance: `since` and `write_frontier` (W) are the
+    times as ints, None for the empty frontier."""
+
+    id: str
+    name: str
+    since: int | None
+    write_frontier: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaView:
+    name: str
+    size: str
+    spark_master: str
+    address: str | None
+    managed: bool
+    state: str  # connecting | active | failed
+    epoch: int
+    pid: int | None
+    in_sync: bool
+    hydrated: bool
+    lag_ms: int | None  # None while not hydrated
+    peeks_won: int
+    dataflows_kept: int
+    dataflows_built: int
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceView:
+    name: str
+    health: str  # healthy | degraded | unavailable
+    min_in_sync: int
+    max_lag_ms: int
+    replica_timeout_ms: int
+    history_length: int
+    history_reductions: int
+    commands_pushed: int
+    replicas: tuple[ReplicaView, ...]
+    collections: tuple[CollectionView, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SourceView:
+    id: str
+    name: str
+    schema: str  # Spark DDL
+    since: int | None
+    upper: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class DataflowView:
+    id: str
+    instance: str
+    name: str
+    sql: str
+    schema: str  # Spark DDL of the output
+    index_id: str | None
+    index_key: tuple[str, ...] | None
+    sink_id: str | None  # the materialized view's storage collection
+    compaction_window_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    """The rows of a peek or query, the time they are correct at, and the replica that
+    answered first."""
+
+    rows: pa.Table
+    timestamp: int
+    replica: str | None
+
+
+class ControllerApi(Protocol):
+    """The operations of a running controller. All are coroutines; all raise
+    `ControllerError` on refusal, after changing nothing."""
+
+    @property
+    def epoch(self) -> int: ...
+
+    async def create_instance(
+        self,
+        name: str,
+        *,
+        min_in_sync: int = 1,
+        max_lag_ms: int | None = None,
+        replica_timeout_ms: int | None = None,
+        spark_conf: Mapping[str, str] | None = None,
+    ) -> InstanceView: ...
+
+    async def drop_instance(self, name: str) -> None: ...
+
+    async def list_instances(self) -> list[InstanceView]: ...
+
+    async def add_replica(
+        self,
+        instance: str,
+        name: str,
+        *,
+        size: str | None = None,
+        spark_master: str | None = None,
+        spark_conf: Mapping[str, str] | None = None,
+        address: str | None = None,
+    ) -> ReplicaView:
+        """A managed replica of a named size (or an explicit Spark master and conf), or
+        an external one already running at `address`."""
+        ...
+
+    async def drop_replica(self, instance: str, name: str, *, force: bool = False) -> None: ...
+
+    async def resize(self, instance: str, size: str, *, timeout_ms: int = 600_000) -> list[ReplicaView]:
+        """Add replicas of `size`, wait until they are in sync, drop the old ones; returns
+        the instance's replicas after."""
+        ...
+
+    async def create_source(self, name: str, schema: str) -> SourceView: ...
+
+    async def append(self, source: str, rows: pa.Table | Sequence[Mapping[str, object]]) -> int:
+        """Append rows (an optional `_diff` column retracts with -1) at one new timestamp,
+        returned. Rows that do not match the schema refuse the whole append."""
+        ...
+
+    async def drop_source(self, name: str) -> None: ...
+
+    async def list_sources(self) -> list[SourceView]: ...
+
+    async def create_dataflow(
+        self,
+        instance: str,
+        name: str,
+        sql: str,
+        *,
+        index_key: Sequence[str] | None = None,
+        materialize: bool = False,
+        compaction_window_ms: int = 0,
+    ) -> DataflowView: ...
+
+    async def drop_dataflow(self, instance: str, name: str) -> None: ...
+
+    async def list_dataflows(self, instance: str | None = None) -> list[DataflowView]: ...
+
+    async def peek(
+        self,
+        instance: str,
+        name: str,
+        *,
+        key: Sequence[Scalar] | None = None,
+        where: Sequence[Predicate] = (),
+        order_by: Sequence[OrderBy] = (),
+        limit: int | None = None,
+        offset: int = 0,
+        columns: Sequence[str] | None = None,
+        timestamp: int | None = None,
+        consistency: Consistency = "serializable",
+        timeout_ms: int = 30_000,
+    ) -> ReadResult: ...
+
+    async def query(
+        self,
+        instance: str,
+        sql: str,
+        *,
+        timestamp: int | None = None,
+        consistency: Consistency = "serializable",
+        timeout_ms: int = 30_000,
+    ) -> ReadResult: ...
+
+    async def status(self, instance: str | None = None) -> list[InstanceView]: ...

@@ -1,0 +1,470 @@
+"""A synchronous Python client of a running controller (`tandem.v1.Controller`).
+
+    with Client.connect("127.0.0.1:6875") as client:
+        client.create_source("orders", "id BIGINT NOT NULL, amount DOUBLE")
+        client.append("orders", [{"id": 1, "amount": 9.5}])
+        result = client.peek("prod", "totals", where={"region": "eu"}, order_by=["-amount"])
+        print(result.rows)
+
+Rules:
+- Every failure is one exception type, `TandemError(code, message)` with a
+  `grpc.StatusCode`. A refusal keeps the controller's status and message. A controller
+  that cannot be reached is UNAVAILABLE and a call that outlives its deadline is
+  DEADLINE_EXCEEDED, both naming the address. An argument the client cannot convert is
+  INVALID_ARGUMENT, raised before anything is sent.
+- Deadlines: every call gets `deadline` seconds (120 by default); a peek, a query or a
+  resize gets its own `timeout_ms` plus a margin, so the controller's timeout, with its
+  clearer message, fires first.
+- Views are the dataclasses of `controller._api`, rebuilt from the messages.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Self
+
+import grpc
+import pyarrow as pa
+from google.protobuf.message import Message
+
+from controller._api import CollectionView, DataflowView, InstanceView, ReplicaView, SourceView
+from history import OrderBy, Predicate, Scalar
+from protocol import ProtocolError
+from protocol import controller_codec as codec
+from protocol import controller_pb2 as pb
+from protocol import controller_pb2_grpc as pb_grpc
+
+DEFAULT_ADDRESS = "127.0.0.1:6875"
+DEFAULT_SIZE = "xsmall"
+_MARGIN_S = 10.0  # beyond a call's own timeout_ms, for the controller to answer that it fired
+
+# The forms `peek` accepts (see its docstring).
+Key = Scalar | dt.date | Sequence[Scalar | dt.date]
+Where = Mapping[str, Any] | Sequence[Predicate | tuple[Any, ...]]
+Order = str | tuple[str, str] | OrderBy
+
+
+class TandemError(Exception):
+    """A call that failed: `code` is the `grpc.StatusCode`, `message` says why."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class QueryResult:
+    """The rows of a peek or query, the time they are correct at, and the replica that
+    answered first."""
+
+    table: pa.Table
+    timestamp: int
+    replica: str | None
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        return self.table.to_pylist()
+
+
+class Client:
+    """Calls on the controller at `address`. `Client(address)` connects lazily;
+    `Client.connect` waits until the controller is reachable. Close it, or use it as a
+    context manager."""
+
+    def __init__(self, address: str = DEFAULT_ADDRESS, *, deadline: float = 120.0) -> None:
+        self.address = address
+        self._deadline = deadline
+        self._channel = grpc.insecure_channel(address, options=codec.CHANNEL_OPTIONS)
+        self._stub = pb_grpc.ControllerStub(self._channel)
+
+    @classmethod
+    def connect(
+        cls, address: str = DEFAULT_ADDRESS, *, timeout: float = 10.0, deadline: float = 120.0
+    ) -> Client:
+        """A client of a controller that answered; UNAVAILABLE after `timeout` seconds
+        without an answer."""
+        client = cls(address, deadline=deadline)
+        # A GetVersion that waits for the channel, rather than channel_ready_future: it
+        # proves a controller answers, and leaves no polling thread that slows close().
+        request = pb.GetVersionRequest()
+        try:
+            client._stub.GetVersion(request, timeout=timeout, wait_for_ready=True)
+        except grpc.RpcError as error:
+            client.close()
+            if error.code() is grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise TandemError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"cannot reach the controller at {address} (no answer within {timeout:g} s)",
+                ) from None
+            raise client._error(error, "GetVersion", timeout) from None
+        return client
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- Instances and replicas --------------------------------------------------------
+
+    def create_instance(
+        self,
+        name: str,
+        *,
+        min_in_sync: int = 1,
+        max_lag_ms: int | None = None,
+        replica_timeout_ms: int | None = None,
+        spark_conf: Mapping[str, str] | None = None,
+    ) -> InstanceView:
+        response = self._call(
+            "CreateInstance",
+            pb.CreateInstanceRequest,
+            name=name,
+            min_in_sync=min_in_sync,
+            max_lag_ms=max_lag_ms,
+            replica_timeout_ms=replica_timeout_ms,
+            spark_conf=codec.string_map_to_proto(spark_conf),
+        )
+        return _instance(response)
+
+    def drop_instance(self, name: str) -> None:
+        self._call("DropInstance", pb.DropInstanceRequest, name=name)
+
+    def list_instances(self) -> list[InstanceView]:
+        response = self._call("ListInstances", pb.ListInstancesRequest)
+        return [_instance(m) for m in response.instances]
+
+    def add_replica(
+        self,
+        instance: str,
+        name: str,
+        *,
+        size: str | None = None,
+        spark_master: str | None = None,
+        spark_conf: Mapping[str, str] | None = None,
+        address: str | None = None,
+    ) -> ReplicaView:
+        """A managed replica of `size`, or of an explicit `spark_master` and `spark_conf`,
+        or an external one already running at `address`.
+
+        Size rule: a size passed is always sent. Without one, a plain managed replica
+        (no `spark_master`, no `address`) is `DEFAULT_SIZE` ("xsmall"); with either, no
+        size is sent, and the master, conf or running process decides its resources.
+        """
+        if size is None and spark_master is None and address is None:
+            size = DEFAULT_SIZE
+        response = self._call(
+            "AddReplica",
+            pb.AddReplicaRequest,
+            instance=instance,
+            name=name,
+            size=size,
+            spark_master=spark_master,
+            spark_conf=codec.string_map_to_proto(spark_conf),
+            address=address,
+        )
+        return _replica(response)
+
+    def drop_replica(self, instance: str, name: str, *, force: bool = False) -> None:
+        """`force` drops it even below the instance's `min_in_sync`."""
+        self._call("DropReplica", pb.DropReplicaRequest, instance=instance, name=name, force=force)
+
+    def resize(self, instance: str, size: str, *, timeout_ms: int = 600_000) -> list[ReplicaView]:
+        """Replace the instance's replicas by ones of `size` without downtime: the new
+        ones must get in sync within `timeout_ms`. Returns the replicas after."""
+        response = self._call(
+            "Resize",
+            pb.ResizeRequest,
+            wait_ms=timeout_ms,
+            instance=instance,
+            size=size,
+            timeout_ms=timeout_ms,
+        )
+        return [_replica(m) for m in response.replicas]
+
+    # --- Sources -----------------------------------------------------------------------
+
+    def create_source(self, name: str, schema: str) -> SourceView:
+        """A source of `schema`, a Spark DDL column list ("id BIGINT NOT NULL, x STRING")."""
+        return _source(self._call("CreateSource", pb.CreateSourceRequest, name=name, schema=schema))
+
+    def append(self, source: str, rows: pa.Table | Sequence[Mapping[str, Any]]) -> int:
+        """Append `rows` (a table or a list of mappings; an optional `_diff` column of -1
+        retracts) at one new timestamp, returned. Mappings are checked by the controller
+        against the source's schema, column and row named in the refusal; they may hold
+        `datetime.date`, `datetime.datetime`, `decimal.Decimal` and `bytes` values."""
+        with _arguments():
+            request = codec.append_to_proto(source, rows)
+        return self._send("Append", request).timestamp
+
+    def drop_source(self, name: str) -> None:
+        self._call("DropSource", pb.DropSourceRequest, name=name)
+
+    def list_sources(self) -> list[SourceView]:
+        return [_source(m) for m in self._call("ListSources", pb.ListSourcesRequest).sources]
+
+    # --- Dataflows ---------------------------------------------------------------------
+
+    def create_dataflow(
+        self,
+        instance: str,
+        name: str,
+        sql: str,
+        *,
+        index_key: Sequence[str] | None = None,
+        materialize: bool = False,
+        compaction_window_ms: int = 0,
+    ) -> DataflowView:
+        """A dataflow computing `sql`, indexed on `index_key` (() for the whole row) when
+        given, and written to storage as a materialized view when `materialize`."""
+        with _arguments():
+            index = codec.strings_to_proto(_names(index_key, "index_key"))
+        response = self._call(
+            "CreateDataflow",
+            pb.CreateDataflowRequest,
+            instance=instance,
+            name=name,
+            sql=sql,
+            index_key=index,
+            materialize=materialize,
+            compaction_window_ms=compaction_window_ms,
+        )
+        return _dataflow(response)
+
+    def drop_dataflow(self, instance: str, name: str) -> None:
+        self._call("DropDataflow", pb.DropDataflowRequest, instance=instance, name=name)
+
+    def list_dataflows(self, instance: str | None = None) -> list[DataflowView]:
+        response = self._call("ListDataflows", pb.ListDataflowsRequest, instance=instance)
+        return [_dataflow(m) for m in response.dataflows]
+
+    # --- Reads -------------------------------------------------------------------------
+
+    def peek(
+        self,
+        instance: str,
+        name: str,
+        *,
+        key: Key | None = None,
+        where: Where | None = None,
+        order_by: Order | Sequence[Order] | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+        columns: Sequence[str] | None = None,
+        timestamp: int | None = None,
+        consistency: str = "serializable",
+        timeout_ms: int = 30_000,
+    ) -> QueryResult:
+        """Read the index of dataflow `name`.
+
+        - `key`: the index key to look up, a scalar for a one-column key or a tuple.
+        - `where`: `{column: value}` (equality; a list or tuple value means `in`, None
+          means `is_null`), or a list of `(column, op, value)` tuples (`(column, op)` for
+          `is_null`/`is_not_null`) or `history.Predicate`s.
+        - `order_by`: column names, `"-column"` for descending, `(column, "asc"|"desc")`
+          tuples or `history.OrderBy`s; without it rows come sorted on every column.
+        - `consistency`: "serializable" (what can be served now) or "strict" (the latest
+          write, waiting for it).
+        Dates and datetimes in `key` and `where` travel as ISO strings.
+        """
+        with _arguments():
+            request = codec.peek_to_proto(
+                instance,
+                name,
+                key=_key(key),
+                where=_predicates(where),
+                order_by=_orders(order_by),
+                limit=limit,
+                offset=offset,
+                columns=_names(columns, "columns"),
+                timestamp=timestamp,
+                consistency=consistency,
+                timeout_ms=timeout_ms,
+            )
+        return _result(self._send("Peek", request, wait_ms=timeout_ms))
+
+    def query(
+        self,
+        instance: str,
+        sql: str,
+        *,
+        timestamp: int | None = None,
+        consistency: str = "serializable",
+        timeout_ms: int = 30_000,
+    ) -> QueryResult:
+        """Run `sql` over the instance's indexes at one time."""
+        with _arguments():
+            wire_consistency = codec.consistency_to_proto(consistency)
+        response = self._call(
+            "Query",
+            pb.QueryRequest,
+            wait_ms=timeout_ms,
+            instance=instance,
+            sql=sql,
+            timestamp=timestamp,
+            consistency=wire_consistency,
+            timeout_ms=timeout_ms,
+        )
+        return _result(response)
+
+    def status(self, instance: str | None = None) -> list[InstanceView]:
+        """Every instance, or the one named, with its replicas and collections."""
+        response = self._call("Status", pb.StatusRequest, instance=instance)
+        return [_instance(m) for m in response.instances]
+
+    # --- Calls -------------------------------------------------------------------------
+
+    def _call(
+        self, method: str, request_type: type[Message], *, wait_ms: int | None = None, **fields: Any
+    ) -> Any:
+        """Call `method` with a `request_type` of `fields`; INVALID_ARGUMENT, before
+        sending, for a field of the wrong type."""
+        with _arguments():
+            request = request_type(**fields)
+        return self._send(method, request, wait_ms=wait_ms)
+
+    def _send(self, method: str, request: Message, *, wait_ms: int | None = None) -> Any:
+        """The response to `request`. A call that waits up to `wait_ms` on the controller
+        gets that plus a margin as its deadline, other calls the client's deadline."""
+        timeout = self._deadline if wait_ms is None else wait_ms / 1000 + _MARGIN_S
+        try:
+            return getattr(self._stub, method)(request, timeout=timeout)
+        except grpc.RpcError as error:
+            raise self._error(error, method, timeout) from None
+
+    def _error(self, error: grpc.RpcError, method: str, timeout: float) -> TandemError:
+        """The failure of a call; the controller's own statuses are marked (_service)."""
+        code, details = error.code(), error.details() or ""
+        if any(key == codec.STATUS_METADATA_KEY for key, _ in error.trailing_metadata() or ()):
+            return TandemError(code, details)
+        where = f"the controller at {self.address}"
+        messages = {
+            grpc.StatusCode.UNAVAILABLE: f"cannot reach {where}: {details}",
+            grpc.StatusCode.DEADLINE_EXCEEDED: (
+                f"no answer from {where} to {method} within {timeout:g} s"
+            ),
+        }
+        return TandemError(code, messages.get(code, f"{method} at {self.address}: {details}"))
+
+
+# --- Arguments -------------------------------------------------------------------------
+
+
+@contextmanager
+def _arguments() -> Iterator[None]:
+    """Turn an argument that does not convert (ProtocolError is a ValueError) into
+    INVALID_ARGUMENT."""
+    try:
+        yield
+    except (ValueError, TypeError) as error:
+        raise TandemError(grpc.StatusCode.INVALID_ARGUMENT, str(error)) from None
+
+
+def _scalar(value: Any) -> Scalar:
+    # Temporal literals travel as ISO strings (history.Scalar); the replica casts them.
+    return value.isoformat() if isinstance(value, (dt.date, dt.datetime)) else value
+
+
+def _key(key: Any) -> tuple[Scalar, ...] | None:
+    if key is None:
+        return None
+    values = key if isinstance(key, (tuple, list)) else (key,)
+    return tuple(_scalar(v) for v in values)
+
+
+def _equality(column: str, value: Any) -> Predicate:
+    if value is None:
+        return Predicate(column, "is_null")
+    if isinstance(value, (tuple, list)):
+        return Predicate(column, "in", tuple(_scalar(v) for v in value))
+    return Predicate(column, "=", _scalar(value))
+
+
+def _predicate(item: Any) -> Predicate:
+    if isinstance(item, Predicate):
+        return item
+    if not isinstance(item, (tuple, list)) or len(item) not in (2, 3):
+        raise ValueError(
+            f"a where item is (column, op, value), (column, op) or a Predicate, not {item!r}"
+        )
+    column, op, *rest = item
+    value = rest[0] if rest else None
+    if isinstance(value, (tuple, list)):
+        return Predicate(column, op, tuple(_scalar(v) for v in value))
+    return Predicate(column, op, _scalar(value))
+
+
+def _predicates(where: Any) -> tuple[Predicate, ...]:
+    if where is None:
+        return ()
+    if isinstance(where, Mapping):
+        return tuple(_equality(column, value) for column, value in where.items())
+    return tuple(_predicate(item) for item in where)
+
+
+_DIRECTIONS = {"asc": False, "desc": True}
+
+
+def _order(item: Any) -> OrderBy:
+    if isinstance(item, OrderBy):
+        return item
+    if isinstance(item, str):
+        return OrderBy(item[1:], descending=True) if item.startswith("-") else OrderBy(item)
+    if isinstance(item, (tuple, list)) and len(item) == 2 and str(item[1]).lower() in _DIRECTIONS:
+        return OrderBy(item[0], descending=_DIRECTIONS[str(item[1]).lower()])
+    raise ValueError(
+        f"an order_by item is a column, '-column', (column, 'asc'|'desc') or an OrderBy, "
+        f"not {item!r}"
+    )
+
+
+def _orders(order_by: Any) -> tuple[OrderBy, ...]:
+    if order_by is None:
+        return ()
+    return tuple(_order(item) for item in ([order_by] if isinstance(order_by, str) else order_by))
+
+
+def _names(names: Sequence[str] | None, what: str) -> tuple[str, ...] | None:
+    # A bare string is a sequence of one-letter names: surely a mistake.
+    if isinstance(names, str):
+        raise TypeError(f"{what} must be a list of column names, not the string {names!r}")
+    return None if names is None else tuple(names)
+
+
+# --- Views -----------------------------------------------------------------------------
+
+
+def _replica(message: pb.ReplicaView) -> ReplicaView:
+    return ReplicaView(**codec.plain_fields(message))
+
+
+def _instance(message: pb.InstanceView) -> InstanceView:
+    return InstanceView(
+        **codec.plain_fields(message),
+        replicas=tuple(_replica(m) for m in message.replicas),
+        collections=tuple(CollectionView(**codec.plain_fields(m)) for m in message.collections),
+    )
+
+
+def _source(message: pb.SourceView) -> SourceView:
+    return SourceView(**codec.plain_fields(message))
+
+
+def _dataflow(message: pb.DataflowView) -> DataflowView:
+    return DataflowView(
+        **codec.plain_fields(message), index_key=codec.strings_from_proto(message, "index_key")
+    )
+
+
+def _result(message: pb.ReadResult) -> QueryResult:
+    try:
+        return QueryResult(*codec.read_result_from_proto(message))
+    except ProtocolError as error:  # rows that are not Arrow IPC: a broken controller
+        raise TandemError(grpc.StatusCode.INTERNAL, f"unreadable result: {error}") from None

@@ -1,0 +1,547 @@
+"""The `tandem` CLI end to end: `cli.main([...])` -> `Client` -> a real in-process
+`ControllerServer` over the `FakeApi` of tests/test_client_api.py; stdout, stderr and the
+exit code are checked as a user (or a script, with `--json`) sees them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import io
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from test_client_api import FakeApi, ServerThread, free_address, populated
+
+from controller.cli import format_table, main
+from controller.client import Client
+from history import OrderBy, Predicate
+
+
+@pytest.fixture
+def server():
+    running = ServerThread(FakeApi())
+    with Client.connect(running.address) as client:
+        populated(client)
+    yield running
+    running.close()
+
+
+@pytest.fixture
+def api(server: ServerThread) -> FakeApi:
+    return server.api
+
+
+@pytest.fixture
+def tandem(server, capsys):
+    """`tandem(*argv)` runs the CLI against the server: (exit code, stdout, stderr)."""
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        code = main([*argv, "--address", server.address])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
+# --- Tables ----------------------------------------------------------------------------
+
+
+def test_format_table_aligns_text_left_and_numbers_right():
+    text = format_table(["NAME", "N", "OK"], [["a", 1, True], ["bbbb", 200, None]])
+    assert text.splitlines() == [
+        "NAME    N  OK",
+        "----  ---  ----",
+        "a       1  true",
+        "bbbb  200  -",
+    ]
+    assert format_table(["A"], []) == "A\n-"
+
+
+# --- Usage -----------------------------------------------------------------------------
+
+
+def test_help_lists_every_command(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for command in (
+        "serve",
+        "instance",
+        "replica",
+        "source",
+        "dataflow",
+        "peek",
+        "query",
+        "status",
+    ):
+        assert command in out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["peek", "prod"],
+        ["peek", "prod", "t", "--where", "id~1"],
+        ["instance", "create", "x", "--conf", "no-equals-sign"],
+        ["source", "append", "orders"],
+        ["source", "append", "orders", "--csv", "a.csv", "--jsonl", "b.jsonl"],
+        ["instance", "create", "x", "--min-in-sync", "two"],
+    ],
+)
+def test_usage_errors_exit_2(capsys, argv):
+    assert main(argv) == 2
+    assert "usage: tandem" in capsys.readouterr().err
+
+
+# --- Instances and replicas ------------------------------------------------------------
+
+
+def test_instance_create_list_drop(tandem, api):
+    code, out, _ = tandem(
+        "instance",
+        "create",
+        "dev",
+        "--min-in-sync",
+        "2",
+        "--max-lag-ms",
+        "250",
+        "--conf",
+        "spark.sql.shuffle.partitions=8",
+        "--conf",
+        "a=b=c",
+    )
+    assert code == 0
+    assert out.splitlines()[0].split() == [
+        "NAME",
+        "HEALTH",
+        "IN_SYNC",
+        "REPLICAS",
+        "MIN_IN_SYNC",
+        "MAX_LAG_MS",
+        "COLLECTIONS",
+    ]
+    assert out.splitlines()[2].split() == ["dev", "unavailable", "0", "0", "2", "250", "0"]
+    assert api.last("create_instance")[1]["spark_conf"] == {
+        "spark.sql.shuffle.partitions": "8",
+        "a": "b=c",
+    }
+
+    code, out, _ = tandem("instance", "list", "--json")
+    assert [i["name"] for i in json.loads(out)] == ["dev", "prod"]
+    assert json.loads(out)[1]["replicas"][0]["name"] == "r1"
+    assert tandem("instance", "drop", "dev") == (0, "dropped instance dev\n", "")
+    assert json.loads(tandem("instance", "drop", "prod", "--json")[1]) == {
+        "dropped": "instance",
+        "name": "prod",
+    }
+    assert tandem("instance", "list")[1] == (
+        "NAME  HEALTH  IN_SYNC  REPLICAS  MIN_IN_SYNC  MAX_LAG_MS  COLLECTIONS\n"
+        "----  ------  -------  --------  -----------  ----------  -----------\n"
+    )
+
+
+def test_replica_add_drop_and_instance_resize(tandem, api):
+    code, out, _ = tandem(
+        "replica",
+        "add",
+        "prod",
+        "r2",
+        "--spark-master",
+        "spark://h:7077",
+        "--conf",
+        "spark.executor.cores=4",
+    )
+    assert code == 0 and "r2" in out and "spark://h:7077" in out
+    assert api.last("add_replica")[1] == {
+        "size": None,
+        "spark_master": "spark://h:7077",
+        "spark_conf": {"spark.executor.cores": "4"},
+        "address": None,
+    }
+    tandem("replica", "add", "prod", "r3")
+    assert api.last("add_replica")[1]["size"] == "xsmall"
+    tandem("replica", "add", "prod", "ext", "--replica-address", "10.0.0.5:7000", "--size", "large")
+    assert api.last("add_replica")[1] == {
+        "size": "large",
+        "spark_master": None,
+        "spark_conf": None,
+        "address": "10.0.0.5:7000",
+    }
+    assert tandem("replica", "drop", "prod", "ext", "--force") == (0, "dropped replica ext\n", "")
+    assert api.last("drop_replica")[1] == {"force": True}
+
+    code, out, _ = tandem("instance", "resize", "prod", "medium", "--timeout-ms", "5000", "--json")
+    assert [r["name"] for r in json.loads(out)] == ["r1-medium", "r2-medium", "r3-medium"]
+    assert api.last("resize") == (("prod", "medium"), {"timeout_ms": 5000})
+
+
+# --- Sources ---------------------------------------------------------------------------
+
+TYPED = "id BIGINT NOT NULL, day DATE, at TIMESTAMP, price DECIMAL(10,2), ok BOOLEAN, name STRING, score FLOAT"
+
+
+def stored(api: FakeApi, source: str) -> list[dict]:
+    return api.batches[source][-1].drop_columns(["_time"]).to_pylist()
+
+
+def test_source_create_and_list(tandem):
+    code, out, _ = tandem(
+        "source", "create", "events", "--schema", "id bigint not null, note string"
+    )
+    assert code == 0
+    assert out.splitlines()[2].split()[:4] == ["events", "s2", "0", "0"]
+    code, out, _ = tandem("source", "create", "more", "--schema", "x INT", "--json")
+    assert json.loads(out) == {
+        "id": "s3",
+        "name": "more",
+        "schema": "x INT",
+        "since": 0,
+        "upper": 0,
+    }
+    tandem("source", "drop", "more")
+    code, out, _ = tandem("source", "list", "--json")
+    assert [s["schema"] for s in json.loads(out)] == [
+        "id BIGINT NOT NULL, region STRING, amount DOUBLE",
+        "id BIGINT NOT NULL, note STRING",
+    ]
+    assert tandem("source", "drop", "events") == (0, "dropped source events\n", "")
+
+
+def test_csv_append_converts_values_by_the_source_schema(tandem, api, tmp_path):
+    tandem("source", "create", "events", "--schema", TYPED)
+    path = tmp_path / "events.csv"
+    path.write_text(
+        "id,day,at,price,ok,name,score,_diff\n"
+        "1,2024-01-31,2024-01-31T12:30:00,9.99,true,ann,1.5,1\n"
+        '2,,,,,"",,-1\n'
+    )
+    code, out, err = tandem("source", "append", "events", "--csv", str(path))
+    assert (code, out, err) == (0, "appended 2 rows to events at timestamp 1001\n", "")
+    assert stored(api, "events") == [
+        {
+            "id": 1,
+            "day": dt.date(2024, 1, 31),
+            "at": dt.datetime(2024, 1, 31, 12, 30, tzinfo=dt.UTC),
+            "price": decimal.Decimal("9.99"),
+            "ok": True,
+            "name": "ann",
+            "score": 1.5,
+            "_diff": 1,
+        },
+        # An empty cell is NULL, except in a string column, where it is "".
+        {
+            "id": 2,
+            "day": None,
+            "at": None,
+            "price": None,
+            "ok": None,
+            "name": "",
+            "score": None,
+            "_diff": -1,
+        },
+    ]
+
+
+def test_jsonl_append_from_a_file_and_from_stdin(tandem, api, tmp_path, monkeypatch):
+    tandem("source", "create", "events", "--schema", TYPED)
+    path = tmp_path / "events.jsonl"
+    path.write_text(
+        '{"id": 1, "day": "2024-02-01", "price": 1.10, "score": 2.25, "ok": false}\n\n{"id": 2}\n'
+    )
+    code, out, _ = tandem("source", "append", "events", "--jsonl", str(path), "--json")
+    assert code == 0 and json.loads(out) == {"source": "events", "rows": 2, "timestamp": 1001}
+    first = stored(api, "events")[0]
+    assert (first["day"], first["price"], first["score"], first["ok"]) == (
+        dt.date(2024, 2, 1),
+        decimal.Decimal("1.10"),
+        2.25,
+        False,
+    )
+    monkeypatch.setattr(sys, "stdin", io.StringIO('{"id": 3, "name": "from stdin"}\n'))
+    assert tandem("source", "append", "events", "-")[0] == 0
+    assert stored(api, "events")[0]["name"] == "from stdin"
+    monkeypatch.setattr(sys, "stdin", io.StringIO("id,name\n4,csv on stdin\n"))
+    assert tandem("source", "append", "events", "--csv", "-")[0] == 0
+    assert stored(api, "events")[0] == dict.fromkeys(first, None) | {
+        "id": 4,
+        "name": "csv on stdin",
+        "_diff": 1,
+    }
+
+
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        (
+            "bad.csv",
+            "id,day\n1,2024-01-01\nx,2024-01-02\n",
+            "bad.csv: line 3: column 'id' cannot take 'x'",
+        ),
+        ("bad.csv", "id,ok\n1,maybe\n", "bad.csv: line 2: column 'ok' cannot take 'maybe'"),
+        ("bad.csv", "id\n1,2\n", "bad.csv: line 2: more cells than the header has columns"),
+        ("bad.jsonl", '{"id": 1}\n{"id": \n', "bad.jsonl: line 2: not JSON"),
+        ("bad.jsonl", "[1]\n", "bad.jsonl: line 1: expected a JSON object"),
+        (
+            "bad.jsonl",
+            '{"id": 1, "day": "31/01/2024"}\n',
+            "bad.jsonl: line 1: column 'day' cannot take '31/01/2024'",
+        ),
+    ],
+)
+def test_rows_that_do_not_read_are_refused_naming_file_line_and_column(
+    tandem, api, tmp_path, name, text, message
+):
+    tandem("source", "create", "events", "--schema", TYPED)
+    path = tmp_path / name
+    path.write_text(text)
+    flag = "--csv" if name.endswith(".csv") else "--jsonl"
+    code, out, err = tandem("source", "append", "events", flag, str(path))
+    assert (code, out) == (1, "")
+    assert err.startswith("error: INVALID_ARGUMENT: ") and message in err
+    assert len(api.batches["events"]) == 0
+
+
+def test_rows_that_storage_refuses_name_the_row(tandem, tmp_path):
+    tandem("source", "create", "events", "--schema", TYPED)
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"id": 1}\n{"name": "no id"}\n')
+    code, _, err = tandem("source", "append", "events", "--jsonl", str(path))
+    assert code == 1 and err.startswith("error: INVALID_ARGUMENT: row index 1: column 'id'")
+
+
+def test_append_to_an_unknown_source_or_from_a_missing_file(tandem, tmp_path):
+    assert (
+        tandem("source", "append", "nope", "--csv", "x.csv")[2]
+        == "error: NOT_FOUND: no source named 'nope'\n"
+    )
+    missing = tmp_path / "missing.csv"
+    code, _, err = tandem("source", "append", "orders", "--csv", str(missing))
+    assert (code, err) == (
+        1,
+        f"error: INVALID_ARGUMENT: cannot read {missing}: No such file or directory\n",
+    )
+
+
+# --- Dataflows and reads ---------------------------------------------------------------
+
+
+def test_dataflow_create_list_drop(tandem, api):
+    code, out, _ = tandem(
+        "dataflow",
+        "create",
+        "prod",
+        "copy",
+        "--sql",
+        "SELECT * FROM orders",
+        "--index-key",
+        "region, id",
+        "--materialize",
+        "--compaction-window-ms",
+        "60000",
+    )
+    assert code == 0 and out.splitlines()[2].split()[:6] == [
+        "prod",
+        "copy",
+        "d2",
+        "region,id",
+        "m2",
+        "60000",
+    ]
+    assert api.last("create_dataflow")[1] == {
+        "index_key": ("region", "id"),
+        "materialize": True,
+        "compaction_window_ms": 60000,
+    }
+    tandem("dataflow", "create", "prod", "rows", "--sql", "SELECT * FROM orders", "--index-key", "")
+    assert api.last("create_dataflow")[1]["index_key"] == ()
+    code, out, _ = tandem("dataflow", "list", "prod")
+    assert [line.split()[1] for line in out.splitlines()[2:]] == ["by_id", "copy", "rows"]
+    assert "(whole row)" in out
+    assert tandem("dataflow", "drop", "prod", "copy") == (0, "dropped dataflow copy\n", "")
+    assert [d["name"] for d in json.loads(tandem("dataflow", "list", "--json")[1])] == [
+        "by_id",
+        "rows",
+    ]
+
+
+def test_peek_prints_an_aligned_table(tandem):
+    code, out, err = tandem("peek", "prod", "by_id", "--where", "region=eu", "--order-by=-id")
+    assert (code, err) == (0, "")
+    assert out == (
+        "id  region  amount\n"
+        "--  ------  ------\n"
+        " 3  eu        NULL\n"
+        " 1  eu        10.0\n"
+        "(2 rows at timestamp 1000, from replica r1)\n"
+    )
+
+
+def test_peek_options_reach_the_api(tandem, api):
+    code, out, _ = tandem(
+        "peek",
+        "prod",
+        "by_id",
+        "--key",
+        "3",
+        "--where",
+        "amount = null",
+        "--where",
+        "id=[1, 3]",
+        "--where",
+        "region != null",
+        "--where",
+        "id>=0",
+        "--where",
+        'region="eu"',
+        "--order-by",
+        "amount:desc,id",
+        "--columns",
+        "id,region",
+        "--limit",
+        "5",
+        "--offset",
+        "0",
+        "--timestamp",
+        "1000",
+        "--strict",
+        "--timeout-ms",
+        "700",
+        "--json",
+    )
+    assert code == 0 and json.loads(out) == {
+        "timestamp": 1000,
+        "replica": "r1",
+        "rows": [{"id": 3, "region": "eu"}],
+    }
+    options = api.last("peek")[1]
+    assert options["key"] == (3,)
+    assert options["where"] == (
+        Predicate("amount", "is_null"),
+        Predicate("id", "in", (1, 3)),
+        Predicate("region", "is_not_null"),
+        Predicate("id", ">=", 0),
+        Predicate("region", "=", "eu"),
+    )
+    assert options["order_by"] == (OrderBy("amount", descending=True), OrderBy("id"))
+    assert (options["columns"], options["limit"], options["timestamp"]) == (
+        ("id", "region"),
+        5,
+        1000,
+    )
+    assert (options["consistency"], options["timeout_ms"]) == ("strict", 700)
+
+
+def test_command_line_literals(tandem, api):
+    tandem(
+        "peek",
+        "prod",
+        "by_id",
+        "--key",
+        "eu",
+        "--key",
+        '"42"',
+        "--key",
+        "1.5",
+        "--key",
+        "true",
+        "--where",
+        "day=2024-01-31",
+    )
+    options = api.last("peek")[1]
+    assert options["key"] == ("eu", "42", 1.5, True)
+    assert options["where"] == (Predicate("day", "=", "2024-01-31"),)
+
+
+def test_query_prints_rows(tandem, api):
+    code, out, _ = tandem("query", "prod", "SELECT 1", "--timestamp", "7")
+    assert code == 0
+    assert out.splitlines() == [
+        "sql       consistency",
+        "--------  ------------",
+        "SELECT 1  serializable",
+        "(1 row at timestamp 7, from replica r1)",
+    ]
+    assert api.last("query")[1] == {
+        "timestamp": 7,
+        "consistency": "serializable",
+        "timeout_ms": 30_000,
+    }
+
+
+def test_status_shows_replicas_and_collections(tandem, api):
+    tandem("dataflow", "create", "prod", "kept", "--sql", "SELECT * FROM orders", "--materialize")
+    code, out, _ = tandem("status", "prod")
+    lines = out.splitlines()
+    assert code == 0
+    assert lines[0] == (
+        "instance prod: healthy (1 of 1 replicas in sync, min 1; max lag 1000 ms; "
+        "history 5 commands, 1 reductions, 10 pushed)"
+    )
+    assert lines[1].split()[:4] == ["NAME", "SIZE", "STATE", "IN_SYNC"]
+    assert lines[3].split()[:4] == ["r1", "xsmall", "active", "true"]
+    assert lines[5].split() == ["COLLECTION", "ID", "SINCE", "WRITE_FRONTIER"]
+    assert lines[8].split() == ["kept", "(sink)", "m2", "empty", "empty"]
+    code, out, _ = tandem("status", "--json")
+    assert json.loads(out)[0]["collections"][1] == {
+        "id": "m2",
+        "name": "kept (sink)",
+        "since": None,
+        "write_frontier": None,
+    }
+
+
+# --- Errors and the address ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, error",
+    [
+        (["peek", "prod", "nope"], "error: NOT_FOUND: no dataflow named 'nope' on 'prod'\n"),
+        (["instance", "create", "prod"], "error: ALREADY_EXISTS: instance 'prod' already exists\n"),
+        (
+            ["replica", "drop", "prod", "r1"],
+            "error: FAILED_PRECONDITION: dropping it leaves fewer replicas than min_in_sync; use force\n",
+        ),
+        (["peek", "prod", "by_id", "--where", "id=[1, {}]"], "error: INVALID_ARGUMENT: "),
+    ],
+)
+def test_refusals_print_status_and_message_and_exit_1(tandem, argv, error):
+    code, out, err = tandem(*argv)
+    assert (code, out) == (1, "")
+    assert err.startswith(error)
+
+
+def test_an_unreachable_controller_exits_1_naming_the_address(capsys):
+    address = free_address()
+    assert main(["status", "--address", address]) == 1
+    assert capsys.readouterr().err.startswith(
+        f"error: UNAVAILABLE: cannot reach the controller at {address}: "
+    )
+
+
+def test_the_address_defaults_to_the_environment(server, capsys, monkeypatch):
+    monkeypatch.setenv("TANDEM_ADDRESS", server.address)
+    assert main(["instance", "list"]) == 0
+    assert "prod" in capsys.readouterr().out
+
+
+def test_serve_hands_its_options_to_the_runtime(monkeypatch, tmp_path):
+    calls = []
+
+    async def serve(**options):
+        calls.append(options)
+
+    monkeypatch.setitem(sys.modules, "controller.runtime", types.SimpleNamespace(serve=serve))
+    assert main(["serve", "--data-dir", str(tmp_path), "--listen", "127.0.0.1:7000"]) == 0
+    assert main(["serve", "--catalog", "postgresql://db/tandem"]) == 0
+    assert calls == [
+        {"data_dir": tmp_path, "catalog_url": None, "listen": "127.0.0.1:7000"},
+        {
+            "data_dir": Path("tandem-data"),
+            "catalog_url": "postgresql://db/tandem",
+            "listen": "127.0.0.1:6875",
+        },
+    ]
