@@ -276,11 +276,14 @@ class Storage:
         return self._plan(state, None, t)
 
     def changes(self, id: str, a: int, b: int) -> ReadPlan:
-        """The plan to read the updates of `id` in `(a, b]`. Needs `since <= a <= b < upper`."""
+        """The plan to read the updates of `id` in `(a, b]`. Needs `since <= a + 1` and
+        `a <= b < upper`: compaction stamps merged updates below since at times below
+        since, so the changes after `since - 1` are intact (a reader that has loaded
+        everything below its own hold can go on)."""
         if type(a) is not int or type(b) is not int or a > b:
             raise InvalidArgument(f"changes of {id} need ints a <= b, not ({a!r}, {b!r})")
         state = self._catalog.manifest(id)
-        self._check_readable(state, a, "read changes of")
+        self._check_readable(state, a + 1 if a < b else b, "read changes of")
         self._check_readable(state, b, "read changes of")
         return self._plan(state, a, b)
 

@@ -272,7 +272,8 @@ def test_reads_outside_since_and_upper_are_refused(storage: Storage, history: st
     with pytest.raises(InvalidArgument, match="at 1: its since is 2"):
         storage.snapshot(history, 1)
     with pytest.raises(InvalidArgument, match="its since is 2"):
-        storage.changes(history, 1, 4)
+        storage.changes(history, 0, 4)
+    assert storage.changes(history, 1, 4).time_after == 1  # the changes after since - 1
 
 
 def test_counts_expand_and_negative_counts_are_errors(storage: Storage, source: str) -> None:
