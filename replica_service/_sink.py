@@ -23,39 +23,44 @@ from storage import DIFF, TIME, Storage, UpperMismatch, consolidate
 class SinkWriter:
     id: str
     storage: Storage
-    # The latest version this writer wrote or saw written: the collection holds
-    # `_rows` at every time in [_time, _upper).
-    _time: int = -1
-    _rows: pa.Table | None = None
-    _upper: int = -1
+    # The latest version handed to `write`: the dataflow's result from its time until
+    # the next version's time.
+    _latest: tuple[int, pa.Table] | None = None
     batches_written: int = 0
 
     def write(self, version: tuple[int, pa.Table] | None, upper: int) -> Frontier:
         """Make the collection hold `version`'s rows from its time up to `upper`, or with
-        None, the last version's rows; return the collection's upper (blocking)."""
-        time, rows = version if version is not None else (self._time, self._rows)
-        rows = rows.cast(self.storage.schema(self.id))
+        None, the latest version's rows; return the collection's upper (blocking).
+
+        Versions come in increasing time order, and the dataflow's result does not
+        change between two of them: that is what lets a writer that finds the upper at
+        U know the contents at U - 1 without reading them back.
+        """
+        before = self._latest
+        if version is not None:
+            self._latest = (version[0], version[1].cast(self.storage.schema(self.id)))
+        time, rows = self._latest
         current = self.storage.upper(self.id)
         while not current.is_empty and current.time < upper:
             if current.time > time:
                 # Another replica wrote this version already; only the upper is behind.
                 updates = None
             else:
-                updates = difference(self._contents_below(current.time, rows.schema), rows, time)
+                updates = difference(self._contents_before(current.time, before, rows.schema), rows, time)
             try:
                 self.storage.compare_and_append(self.id, current, Frontier(upper), updates)
                 self.batches_written += updates is not None and updates.num_rows > 0
                 current = Frontier(upper)
             except UpperMismatch as lost:
                 current = lost.current
-        self._time, self._rows, self._upper = time, rows, upper
         return current
 
-    def _contents_below(self, upper: int, schema: pa.Schema) -> pa.Table:
-        if upper == self._upper and self._rows is not None:
-            return self._rows
-        if upper == 0:
-            return schema.empty_table()
+    def _contents_before(self, upper: int, before: tuple[int, pa.Table] | None, schema: pa.Schema) -> pa.Table:
+        """The collection's contents at `upper - 1`."""
+        if before is not None and before[0] < upper:
+            return before[1]
+        if upper == 0 or not self.storage.catalog.manifest(self.id).batches:
+            return schema.empty_table()  # nothing was ever written
         return self.storage.read_snapshot(self.id, upper - 1)
 
 

@@ -19,6 +19,7 @@ from typing import Mapping
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import from_arrow_schema
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,10 @@ def query(session: SparkSession, sql: str, inputs: Mapping[str, pa.Table]) -> Da
     float sum, is the same on every replica whatever its cores.
     """
     for name, table in inputs.items():
-        session.createDataFrame(table).createOrReplaceTempView(name)
+        # An explicit schema keeps a zone-less Arrow timestamp a TIMESTAMP_NTZ, as the
+        # planner typed it (createDataFrame alone would make it a zoned TIMESTAMP).
+        schema = from_arrow_schema(table.schema, prefer_timestamp_ntz=True)
+        session.createDataFrame(table, schema=schema).createOrReplaceTempView(name)
     return session.sql(sql)
 
 
