@@ -1,0 +1,123 @@
+"""One controller-to-replica connection: a `grpc.aio` stream for one replica incarnation.
+
+The task connects (retrying with tenacity backoff until it is cancelled), sends `Hello`,
+reports `connected`, then writes queued commands and reports every response. It ends on
+the first failure (a broken stream, a refused send, a refusal) after reporting it: the
+instance then rehydrates the replica as a new incarnation with a new connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+import grpc
+from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
+
+from history import ComputeCommand, ComputeResponse, Hello
+from protocol import ProtocolError, Refusal, command_to_proto, compute_pb2_grpc, response_from_proto
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+
+class ConnectFailed(Exception):
+    """The replica could not be reached this time; the connection retries."""
+
+
+@dataclass(eq=False)
+class ReplicaConnection:
+    """Lifecycle: created for (replica, epoch) by a `Connect` effect; `commands` are
+    queued by `Send` effects; cancelled by `Disconnect` or when the replica is dropped."""
+
+    replica: str
+    epoch: int  # the replica's incarnation, as the instance numbers it
+    controller_epoch: int
+    resolve_address: Callable[[int], Awaitable[str]]  # attempt number -> address
+    on_connected: Callable[[], None]
+    on_response: Callable[[ComputeResponse], None]
+    on_failure: Callable[[str], None]
+    commands: asyncio.Queue[ComputeCommand] = field(default_factory=asyncio.Queue)
+    nonce: str = field(default_factory=lambda: uuid.uuid4().hex)
+    task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._run(), name=f"replica-{self.replica}-{self.epoch}")
+
+    def send(self, commands: tuple[ComputeCommand, ...]) -> None:
+        for command in commands:
+            self.commands.put_nowait(command)
+
+    def close(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+    async def _run(self) -> None:
+        attempts = 0
+        channel = None
+        try:
+            async for attempt in AsyncRetrying(
+                wait=wait_exponential(multiplier=0.1, max=2), retry=retry_if_exception_type(ConnectFailed)
+            ):
+                with attempt:
+                    attempts += 1
+                    address = await self.resolve_address(attempts)
+                    channel = grpc.aio.insecure_channel(
+                        address,
+                        options=[
+                            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                        ],
+                    )
+                    try:
+                        await asyncio.wait_for(channel.channel_ready(), 5)
+                    except (asyncio.TimeoutError, grpc.aio.AioRpcError) as e:
+                        await channel.close()
+                        raise ConnectFailed(f"{address}: {e!r}") from None
+            call = compute_pb2_grpc.ComputeReplicaStub(channel).CommandStream()
+            await call.write(command_to_proto(Hello(self.controller_epoch, self.nonce)))
+            self.on_connected()
+            reason = await self._pump(call)
+        except asyncio.CancelledError:
+            if channel is not None:
+                await channel.close()
+            raise
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, ProtocolError) as e:
+            reason = f"stream failed: {_describe(e)}"
+        if channel is not None:
+            await channel.close()
+        log.warning("replica %s (epoch %d): %s", self.replica, self.epoch, reason)
+        self.on_failure(reason)
+
+    async def _pump(self, call) -> str:
+        """Write queued commands and read responses until one side fails; the reason."""
+        writer = asyncio.ensure_future(self._write(call))
+        try:
+            async for message in call:
+                nonce, response = response_from_proto(message)
+                if isinstance(response, Refusal):
+                    return f"refused ({response.code}): {response.message}"
+                if nonce == self.nonce:
+                    self.on_response(response)
+            return "the replica closed the stream"
+        finally:
+            writer.cancel()
+
+    async def _write(self, call) -> None:
+        try:
+            while True:
+                await call.write(command_to_proto(await self.commands.get()))
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError) as e:
+            # A refused send breaks the connection: cancelling the read ends the pump.
+            log.warning("replica %s (epoch %d): send refused: %s", self.replica, self.epoch, _describe(e))
+            call.cancel()
+
+
+def _describe(error: Exception) -> str:
+    if isinstance(error, grpc.aio.AioRpcError):
+        return f"{error.code().name}: {error.details()}"
+    return str(error)

@@ -1,0 +1,181 @@
+"""The asyncio driver of one instance: the only task that touches its `ComputeInstance`.
+
+Client requests, replica responses, failures and clock ticks all become steps queued to
+the driver task; each step is one synchronous call into the state machine, and the
+driver then carries out the effects it returned, in order. Effects that need the
+catalog (durable holds and sinces) run on a serial worker so they keep their order
+without blocking the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Awaitable, Callable
+
+from controller._api import ControllerError
+from controller._connection import ReplicaConnection
+from controller._instance import (
+    ComputeInstance,
+    Connect,
+    Disconnect,
+    Effect,
+    InstanceError,
+    PeekDone,
+    Send,
+    SinceAdvanced,
+    StorageHold,
+)
+from history import ComputeResponse, PeekResult
+
+log = logging.getLogger(__name__)
+
+TICK_S = 0.25
+
+Step = Callable[[ComputeInstance], Any]
+
+
+class InstanceDriver:
+    """Owns one `ComputeInstance` and the connections to its replicas.
+
+    Lifecycles: `connections` holds one entry per replica with a live `Connect`, replaced
+    on rehydration and removed on `Disconnect`; `peek_waiters` holds a future per peek
+    issued through `peek_result`, resolved by its `PeekDone`.
+    """
+
+    def __init__(
+        self,
+        instance: ComputeInstance,
+        controller_epoch: int,
+        resolve_address: Callable[[str, int], Awaitable[str]],
+        durable: Callable[[Effect], None],
+    ) -> None:
+        self.instance = instance
+        self.controller_epoch = controller_epoch
+        self._resolve_address = resolve_address  # (replica, attempt) -> address
+        self._durable = durable  # records a StorageHold or SinceAdvanced (blocking)
+        self._durable_pool = ThreadPoolExecutor(1, thread_name_prefix=f"durable-{instance.config.name}")
+        self.connections: dict[str, ReplicaConnection] = {}
+        self.peek_waiters: dict[str, asyncio.Future[tuple[PeekResult, str | None]]] = {}
+        self._steps: asyncio.Queue[tuple[Step, asyncio.Future | None]] = asyncio.Queue()
+        self._tasks: list[asyncio.Task] = []
+
+    @property
+    def name(self) -> str:
+        return self.instance.config.name
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._run()), loop.create_task(self._tick())]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for connection in self.connections.values():
+            connection.close()
+        self.connections.clear()
+        self._durable_pool.shutdown(wait=True)
+
+    # --- Steps --------------------------------------------------------------------------
+
+    async def call(self, step: Step) -> Any:
+        """Run `step` on the driver task and return its result (effects are carried out).
+
+        An `InstanceError` raised by the step becomes a `ControllerError`; the instance is
+        unchanged by a refused step."""
+        future = asyncio.get_running_loop().create_future()
+        self._steps.put_nowait((step, future))
+        return await future
+
+    def post(self, step: Step) -> None:
+        """Queue `step` without waiting for it (responses, failures)."""
+        self._steps.put_nowait((step, None))
+
+    async def _run(self) -> None:
+        while True:
+            step, future = await self._steps.get()
+            try:
+                result = step(self.instance)
+            except InstanceError as e:
+                if future is not None:
+                    future.set_exception(ControllerError(e.code, str(e)))
+                continue
+            except Exception as e:  # a bug: keep the instance task alive, fail the caller
+                log.exception("instance %s: step failed", self.name)
+                if future is not None:
+                    future.set_exception(e)
+                continue
+            effects, value = result if isinstance(result, tuple) else (result, None)
+            self._apply(effects or [])
+            if future is not None and not future.done():
+                future.set_result(value)
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            now = int(time.time() * 1000)
+            self.post(lambda instance: instance.tick(now))
+
+    # --- Effects ------------------------------------------------------------------------
+
+    def _apply(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            _EFFECTS[type(effect)](self, effect)
+
+    def _send(self, effect: Send) -> None:
+        connection = self.connections.get(effect.replica)
+        if connection is not None and connection.epoch == effect.epoch:
+            connection.send(effect.commands)
+
+    def _connect(self, effect: Connect) -> None:
+        old = self.connections.pop(effect.replica, None)
+        if old is not None:
+            old.close()
+        name, epoch = effect.replica, effect.epoch
+        connection = ReplicaConnection(
+            replica=name,
+            epoch=epoch,
+            controller_epoch=self.controller_epoch,
+            resolve_address=lambda attempt: self._resolve_address(name, attempt),
+            on_connected=lambda: self.post(lambda instance: instance.replica_connected(name, epoch)),
+            on_response=lambda response: self.post(_response_step(name, epoch, response)),
+            on_failure=lambda reason: self.post(lambda instance: instance.replica_failed(name, epoch, reason)),
+        )
+        self.connections[name] = connection
+        connection.start()
+
+    def _disconnect(self, effect: Disconnect) -> None:
+        connection = self.connections.get(effect.replica)
+        if connection is not None and connection.epoch == effect.epoch:
+            del self.connections[effect.replica]
+            connection.close()
+
+    def _peek_done(self, effect: PeekDone) -> None:
+        waiter = self.peek_waiters.pop(effect.uuid, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result((effect.result, effect.replica))
+
+    def _record(self, effect: StorageHold | SinceAdvanced) -> None:
+        future = self._durable_pool.submit(self._durable, effect)
+        future.add_done_callback(_log_failure)
+
+
+def _response_step(name: str, epoch: int, response: ComputeResponse) -> Step:
+    return lambda instance: instance.handle_response(name, epoch, response)
+
+
+def _log_failure(future) -> None:
+    if future.exception() is not None:
+        log.error("recording a hold or since failed: %s", future.exception())
+
+
+_EFFECTS: dict[type, Callable[[InstanceDriver, Any], None]] = {
+    Send: InstanceDriver._send,
+    Connect: InstanceDriver._connect,
+    Disconnect: InstanceDriver._disconnect,
+    PeekDone: InstanceDriver._peek_done,
+    StorageHold: InstanceDriver._record,
+    SinceAdvanced: InstanceDriver._record,
+}

@@ -1,0 +1,590 @@
+"""The compute instance as a sans-I/O state machine.
+
+One `ComputeInstance` holds an instance's command history, its replicas, the frontiers
+and read holds of its collections, and its pending peeks. Methods take a client command,
+a replica response, a replica failure or a clock tick, change the state, and return the
+effects the driver must carry out (messages to send, peeks to answer, holds to record).
+Nothing here does I/O or awaits, and every method leaves the instance consistent, so the
+instance can be driven by simulated replicas with seeded faults.
+
+Rules (DESIGN section 6):
+- A command is pushed to the history *before* it is sent, so the history exists with
+  zero replicas and a (re)connecting replica is brought up by replaying it.
+- The first response to a peek wins: the caller gets it, `CancelPeek` goes to every
+  replica (and into the history), then the peek's read holds are released.
+- `W(c)` is the max of the replicas' write frontiers; a report below the known value is
+  ignored. `since(c)` is the min of the holds on c and only advances; when it does,
+  `AllowCompaction{c, since}` is sent and c's holds on its inputs follow.
+- A replica is hydrated for c once `w_r(c) > as_of(c)`, in sync when hydrated for every
+  collection and within `max_lag_ms` of `W`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Union
+
+from history import (
+    AllowCompaction,
+    CancelPeek,
+    CommandHistory,
+    ComputeCommand,
+    ComputeParameters,
+    ComputeResponse,
+    CreateDataflow,
+    CreateInstance,
+    DataflowDescription,
+    Frontier,
+    FrontiersResponse,
+    InitializationComplete,
+    InstanceConfig,
+    Peek,
+    PeekCanceled,
+    PeekError,
+    PeekResponse,
+    PeekResult,
+    Schedule,
+    StatusResponse,
+    UpdateConfiguration,
+    meet_all,
+)
+
+# --- Effects --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send `commands`, in order, on replica `replica`'s connection of epoch `epoch`."""
+
+    replica: str
+    epoch: int
+    commands: tuple[ComputeCommand, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Connect:
+    """Open a connection to `replica` for incarnation `epoch` (retrying with backoff) and
+    report `replica_connected` once its `Hello` went out."""
+
+    replica: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Disconnect:
+    """Close `replica`'s connection of epoch `epoch`, if it is still open."""
+
+    replica: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class PeekDone:
+    """Answer the client's peek `uuid`: `result` from `replica` (None: the controller's own
+    answer, e.g. a timeout)."""
+
+    uuid: str
+    result: PeekResult
+    replica: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class StorageHold:
+    """Hold storage collection `id` at `frontier` on behalf of `holder` (empty: release)."""
+
+    id: str
+    holder: str
+    frontier: Frontier
+
+
+@dataclass(frozen=True, slots=True)
+class SinceAdvanced:
+    """Compute collection `id` may no longer be read before `since`: record it, so that
+    recovery rebuilds the dataflow with that `as_of`."""
+
+    id: str
+    since: Frontier
+
+
+Effect = Union[Send, Connect, Disconnect, PeekDone, StorageHold, SinceAdvanced]
+
+
+class InstanceError(Exception):
+    """A refused client command; the instance is unchanged."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code  # a gRPC status name: NOT_FOUND, FAILED_PRECONDITION, ...
+
+
+# --- State ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceOptions:
+    min_in_sync: int = 1
+    max_lag_ms: int = 5_000
+    replica_timeout_ms: int = 10_000
+
+
+ReplicaPhase = Literal["connecting", "active", "failed"]
+
+
+@dataclass(slots=True)
+class ReplicaState:
+    """What the controller knows of one replica, for its current incarnation `epoch`.
+
+    Lifecycle of `frontiers`: filled by `Frontiers` responses of the current epoch,
+    cleared when the replica fails (its input holds go with it). Lifecycle of `as_ofs`:
+    the `as_of` each collection was built from on this incarnation, filled when its
+    `CreateDataflow` is sent (in the replay, or live), cleared when the replica fails.
+    """
+
+    name: str
+    epoch: int = 1
+    phase: ReplicaPhase = "connecting"
+    frontiers: dict[str, Frontier] = field(default_factory=dict)
+    as_ofs: dict[str, Frontier] = field(default_factory=dict)
+    last_heard_ms: int = 0
+    peeks_won: int = 0
+    failures: int = 0
+    last_failure: str = ""
+    status: StatusResponse | None = None
+
+
+@dataclass(slots=True)
+class CollectionState:
+    """A compute collection (an export of a dataflow) of this instance.
+
+    Lifecycle of `holds`: `implied` from creation until the dataflow is dropped;
+    `peek:<uuid>` while a peek is pending; `dataflow:<id>` while a dependent dataflow
+    lives. The collection leaves the instance once its since is empty.
+    """
+
+    id: str
+    dataflow: str  # the first export id of the dataflow that exports it
+    as_of: Frontier
+    compaction_window_ms: int
+    write_frontier: Frontier  # W: the max over replicas
+    since: Frontier
+    holds: dict[str, Frontier] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class DataflowState:
+    desc: DataflowDescription
+    compaction_window_ms: int
+    scheduled: bool = False
+    input_holds: dict[str, Frontier] = field(default_factory=dict)  # import id -> hold
+
+
+@dataclass(slots=True)
+class PendingPeek:
+    peek: Peek
+    issued_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaHealth:
+    name: str
+    epoch: int
+    phase: ReplicaPhase
+    hydrated: bool
+    in_sync: bool
+    lag_ms: int | None  # None: not hydrated somewhere, so the lag is unbounded
+    peeks_won: int
+
+
+# --- The instance ---------------------------------------------------------------------
+
+
+class ComputeInstance:
+    """One compute instance: history, replicas, collections, peeks.
+
+    Every public method returns the list of effects to carry out, in order.
+    """
+
+    def __init__(self, config: InstanceConfig, options: InstanceOptions = InstanceOptions(), parameters: ComputeParameters | None = None) -> None:
+        self.config = config
+        self.options = options
+        self.history = CommandHistory()
+        self.replicas: dict[str, ReplicaState] = {}
+        self.collections: dict[str, CollectionState] = {}
+        self.dataflows: dict[str, DataflowState] = {}  # first export id -> dataflow
+        self.peeks: dict[str, PendingPeek] = {}
+        self.late_peek_responses = 0
+        self.now_ms = 0
+        self.history.push(CreateInstance(config))
+        if parameters is not None:
+            self.history.push(UpdateConfiguration(parameters))
+        self.history.push(InitializationComplete())
+
+    # --- Sending ----------------------------------------------------------------------
+
+    def _send(self, command: ComputeCommand) -> list[Effect]:
+        """Record `command` in the history, then fan it out to connected replicas."""
+        self.history.push(command)
+        return [Send(r.name, r.epoch, (command,)) for r in self.replicas.values() if r.phase == "active"]
+
+    # --- Replicas ---------------------------------------------------------------------
+
+    def add_replica(self, name: str) -> list[Effect]:
+        if name in self.replicas:
+            raise InstanceError("ALREADY_EXISTS", f"replica {name!r} already exists in instance {self.config.name!r}")
+        self.replicas[name] = ReplicaState(name, last_heard_ms=self.now_ms)
+        return [Connect(name, 1)]
+
+    def check_drop_replica(self, name: str, *, force: bool = False) -> None:
+        """Raise unless `drop_replica(name, force=force)` would be accepted."""
+        replica = self._replica(name)
+        remaining = sum(1 for h in self.health() if h.in_sync and h.name != name)
+        if not force and self.options.min_in_sync > 0 and remaining < self.options.min_in_sync and self._in_sync(replica):
+            raise InstanceError(
+                "FAILED_PRECONDITION",
+                f"dropping replica {name!r} would leave {remaining} in-sync replica(s), below "
+                f"min_in_sync = {self.options.min_in_sync}; add a replica first or pass force",
+            )
+
+    def drop_replica(self, name: str, *, force: bool = False) -> list[Effect]:
+        self.check_drop_replica(name, force=force)
+        replica = self.replicas.pop(name)
+        return [Disconnect(name, replica.epoch), *self._update_holds()]
+
+    def replica_connected(self, name: str, epoch: int) -> list[Effect]:
+        """The driver's connection of `epoch` is open: replay the reduced history."""
+        replica = self.replicas.get(name)
+        if replica is None or replica.epoch != epoch or replica.phase != "connecting":
+            return []
+        replica.phase = "active"
+        replica.last_heard_ms = self.now_ms
+        self.history.reduce()
+        for command in self.history.commands:
+            if isinstance(command, CreateDataflow):
+                for id in command.desc.export_ids:
+                    replica.as_ofs[id] = command.desc.as_of
+        return [Send(name, epoch, tuple(self.history.commands))]
+
+    def replica_failed(self, name: str, epoch: int, reason: str) -> list[Effect]:
+        """A broken stream, a refused send, or silence: forget the replica's state and
+        rehydrate it as a new incarnation (epoch + 1)."""
+        replica = self.replicas.get(name)
+        if replica is None or replica.epoch != epoch:
+            return []
+        replica.failures += 1
+        replica.last_failure = reason
+        replica.phase = "failed"
+        replica.frontiers.clear()
+        replica.as_ofs.clear()
+        replica.status = None
+        return [Disconnect(name, epoch), *self._update_holds(), *self.maintain()]
+
+    def _replica(self, name: str) -> ReplicaState:
+        replica = self.replicas.get(name)
+        if replica is None:
+            raise InstanceError("NOT_FOUND", f"no replica {name!r} in instance {self.config.name!r}")
+        return replica
+
+    # --- Responses --------------------------------------------------------------------
+
+    def handle_response(self, name: str, epoch: int, response: ComputeResponse) -> list[Effect]:
+        """Apply one response from replica `name`'s connection of `epoch`; responses of
+        an earlier incarnation are ignored."""
+        replica = self.replicas.get(name)
+        if replica is None or replica.epoch != epoch or replica.phase != "active":
+            return []
+        replica.last_heard_ms = self.now_ms
+        if isinstance(response, FrontiersResponse):
+            return self._frontiers(replica, response)
+        if isinstance(response, PeekResponse):
+            return self._peek_response(replica, response)
+        replica.status = response
+        return []
+
+    def _frontiers(self, replica: ReplicaState, response: FrontiersResponse) -> list[Effect]:
+        collection = self.collections.get(response.id)
+        if collection is None:
+            return []
+        known = replica.frontiers.get(response.id, Frontier.minimum())
+        if response.write_frontier <= known:
+            return []  # a regression (or a repeat) is ignored
+        replica.frontiers[response.id] = response.write_frontier
+        collection.write_frontier = collection.write_frontier.join(response.write_frontier)
+        return self._update_holds()
+
+    def _peek_response(self, replica: ReplicaState, response: PeekResponse) -> list[Effect]:
+        pending = self.peeks.get(response.uuid)
+        if pending is None or isinstance(response.result, PeekCanceled):
+            self.late_peek_responses += pending is None
+            return []
+        replica.peeks_won += 1
+        return self._finish_peek(response.uuid, response.result, replica.name)
+
+    def _finish_peek(self, uuid: str, result: PeekResult, replica: str | None) -> list[Effect]:
+        """Answer, then cancel everywhere, then release the read holds: in that order."""
+        pending = self.peeks.pop(uuid)
+        effects: list[Effect] = [PeekDone(uuid, result, replica)]
+        effects += self._send(CancelPeek(uuid))
+        for id in pending.peek.target.collection_ids:
+            self.collections[id].holds.pop(f"peek:{uuid}", None)
+        return effects + self._update_holds()
+
+    # --- Client commands --------------------------------------------------------------
+
+    def create_dataflow(self, desc: DataflowDescription, compaction_window_ms: int = 0) -> list[Effect]:
+        """Add a dataflow. Preconditions (checked): its export ids are new, its index
+        imports are live collections of this instance readable at `as_of`."""
+        for id in desc.export_ids:
+            if id in self.collections:
+                raise InstanceError("ALREADY_EXISTS", f"collection {id} already exists in instance {self.config.name!r}")
+        for source in desc.imports:
+            if source.kind == "index":
+                upstream = self.collections.get(source.id)
+                if upstream is None:
+                    raise InstanceError("NOT_FOUND", f"index {source.id} ({source.name}) is not in instance {self.config.name!r}")
+                if not (upstream.since <= desc.as_of):
+                    raise InstanceError("FAILED_PRECONDITION", f"index {source.name} is compacted to {upstream.since}, past as_of {desc.as_of}")
+        key = desc.export_ids[0]
+        dataflow = DataflowState(desc, compaction_window_ms)
+        self.dataflows[key] = dataflow
+        for id in desc.export_ids:
+            self.collections[id] = CollectionState(
+                id, key, desc.as_of, compaction_window_ms, write_frontier=desc.as_of, since=desc.as_of, holds={"implied": desc.as_of}
+            )
+        effects: list[Effect] = []
+        for source in desc.imports:
+            dataflow.input_holds[source.id] = desc.as_of
+            if source.kind == "index":
+                self.collections[source.id].holds[f"dataflow:{key}"] = desc.as_of
+            else:
+                effects.append(StorageHold(source.id, self._holder(key), desc.as_of))
+        effects += self._send(CreateDataflow(desc))
+        for replica in self.replicas.values():
+            if replica.phase == "active":
+                replica.as_ofs.update((id, desc.as_of) for id in desc.export_ids)
+        return effects + self.maintain()
+
+    def check_drop_dataflow(self, id: str) -> None:
+        """Raise unless `drop_dataflow(id)` would be accepted."""
+        dataflow = self.dataflows.get(id)
+        if dataflow is None:
+            raise InstanceError("NOT_FOUND", f"no dataflow {id} in instance {self.config.name!r}")
+        dependents = [
+            d.desc.name
+            for k, d in self.dataflows.items()
+            if k != id
+            and any(i.id in dataflow.desc.export_ids for i in d.desc.imports)
+            and any("implied" in self.collections[e].holds for e in d.desc.export_ids)  # not dropped itself
+        ]
+        if dependents:
+            raise InstanceError("FAILED_PRECONDITION", f"dataflow {dataflow.desc.name} is used by {', '.join(sorted(dependents))}; drop those first")
+
+    def drop_dataflow(self, id: str) -> list[Effect]:
+        """Release the dataflow's implied holds; it vanishes once nothing else holds it."""
+        self.check_drop_dataflow(id)
+        dataflow = self.dataflows[id]
+        for export_id in dataflow.desc.export_ids:
+            self.collections[export_id].holds.pop("implied", None)
+        return self.maintain()
+
+    def update_configuration(self, parameters: ComputeParameters) -> list[Effect]:
+        return self._send(UpdateConfiguration(parameters))
+
+    def readable_time(self, id: str) -> int:
+        """The serializable read time of `id`: the largest it can serve now (`W - 1`),
+        but not below `since`."""
+        collection = self._collection(id)
+        if collection.since.is_empty:
+            raise InstanceError("NOT_FOUND", f"collection {id} has been dropped")
+        write = collection.write_frontier
+        # A closed collection (empty W) reads the same at every time from its since on.
+        return collection.since.time if write.is_empty else max(write.step_back().time, collection.since.time)
+
+    def peek(self, peek: Peek) -> list[Effect]:
+        """Issue a peek. Precondition (checked): every target is readable at its time."""
+        if peek.uuid in self.peeks:
+            raise InstanceError("ALREADY_EXISTS", f"peek {peek.uuid} is already pending")
+        for id in peek.target.collection_ids:
+            collection = self._collection(id)
+            if collection.since.is_empty or peek.timestamp < collection.since.time:
+                raise InstanceError(
+                    "FAILED_PRECONDITION", f"cannot read {id} at {peek.timestamp}: it is compacted to since {collection.since}"
+                )
+        for id in peek.target.collection_ids:
+            self.collections[id].holds[f"peek:{peek.uuid}"] = Frontier(peek.timestamp)
+        self.peeks[peek.uuid] = PendingPeek(peek, self.now_ms)
+        return self._send(peek)
+
+    def cancel_peek(self, uuid: str, reason: str) -> list[Effect]:
+        """Give up on a pending peek (the client's deadline passed): answer it with an
+        error; a replica's answer after this is a late response."""
+        if uuid not in self.peeks:
+            return []
+        return self._finish_peek(uuid, PeekError(reason), None)
+
+    def _collection(self, id: str) -> CollectionState:
+        collection = self.collections.get(id)
+        if collection is None:
+            raise InstanceError("NOT_FOUND", f"no collection {id} in instance {self.config.name!r}")
+        return collection
+
+    def _holder(self, dataflow: str) -> str:
+        return f"{self.config.name}/{dataflow}"
+
+    # --- Time -------------------------------------------------------------------------
+
+    def tick(self, now_ms: int) -> list[Effect]:
+        """Advance the clock: replicas silent past `replica_timeout_ms` have failed."""
+        self.now_ms = max(self.now_ms, now_ms)
+        effects: list[Effect] = []
+        for replica in list(self.replicas.values()):
+            silent = self.now_ms - replica.last_heard_ms
+            if replica.phase == "active" and silent > self.options.replica_timeout_ms:
+                effects += self.replica_failed(replica.name, replica.epoch, f"no message for {silent} ms")
+        return effects + self.maintain()
+
+    # --- Maintenance ------------------------------------------------------------------
+
+    def maintain(self) -> list[Effect]:
+        """Idempotent steps that bring the instance to where its state says it should be."""
+        effects: list[Effect] = []
+        for step in (self._rehydrate_failed, self._update_holds, self._schedule, self._clean_up):
+            effects += step()
+        return effects
+
+    def _rehydrate_failed(self) -> list[Effect]:
+        effects: list[Effect] = []
+        for replica in self.replicas.values():
+            if replica.phase == "failed":
+                replica.epoch += 1
+                replica.phase = "connecting"
+                replica.last_heard_ms = self.now_ms
+                effects.append(Connect(replica.name, replica.epoch))
+        return effects
+
+    def _schedule(self) -> list[Effect]:
+        effects: list[Effect] = []
+        for key, dataflow in self.dataflows.items():
+            if not dataflow.scheduled:
+                dataflow.scheduled = True
+                effects += self._send(Schedule(key))
+        return effects
+
+    def _clean_up(self) -> list[Effect]:
+        """Forget dataflows whose every export has been compacted to the empty frontier."""
+        effects: list[Effect] = []
+        for key, dataflow in list(self.dataflows.items()):
+            if all(self.collections[id].since.is_empty for id in dataflow.desc.export_ids):
+                del self.dataflows[key]
+                for id in dataflow.desc.export_ids:
+                    del self.collections[id]
+                    for replica in self.replicas.values():
+                        replica.frontiers.pop(id, None)
+                        replica.as_ofs.pop(id, None)
+                for source in dataflow.desc.imports:
+                    if source.kind == "storage":
+                        effects.append(StorageHold(source.id, self._holder(key), Frontier.empty()))
+                    elif source.id in self.collections:
+                        self.collections[source.id].holds.pop(f"dataflow:{key}", None)
+                        effects += self._update_holds()
+        return effects
+
+    def _update_holds(self) -> list[Effect]:
+        """Forward implied holds, recompute every since, and let inputs' holds follow.
+
+        Runs to a fixed point: a since that advances can release a hold on an input,
+        whose since can then advance in turn. Holds only move forward.
+        """
+        effects: list[Effect] = []
+        changed = True
+        while changed:
+            changed = False
+            for collection in self.collections.values():
+                implied = collection.holds.get("implied")
+                if implied is not None and not collection.write_frontier.is_empty:
+                    target = collection.write_frontier.step_back(1 + collection.compaction_window_ms)
+                    collection.holds["implied"] = implied.join(target)
+                since = meet_all(collection.holds.values()).join(collection.since)
+                if since != collection.since:
+                    collection.since = since
+                    changed = True
+                    effects += self._send(AllowCompaction(collection.id, since))
+                    effects.append(SinceAdvanced(collection.id, since))
+            for key, dataflow in self.dataflows.items():
+                effects += self._forward_input_holds(key, dataflow)
+            # A hold forwarded onto an input (by a replica's report, with no since
+            # changing above) may let that input's since advance in turn.
+            changed = changed or any(
+                meet_all(c.holds.values()).join(c.since) != c.since for c in self.collections.values()
+            )
+        return effects
+
+    def _forward_input_holds(self, key: str, dataflow: DataflowState) -> list[Effect]:
+        """A dataflow holds its inputs at its own since, and each replica holds them at
+        its own write frontier, so a replica that lags can still read what it needs."""
+        hold = meet_all(self.collections[id].since for id in dataflow.desc.export_ids)
+        for replica in self.replicas.values():
+            for id in dataflow.desc.export_ids:
+                if id in replica.frontiers:
+                    hold = hold.meet(replica.frontiers[id])
+                elif replica.phase == "active":
+                    # Not reported yet: it starts at the as_of it was given, which the
+                    # input holds have not passed. Hold them there until it reports.
+                    return []
+        effects: list[Effect] = []
+        for source in dataflow.desc.imports:
+            current = dataflow.input_holds[source.id]
+            new = current.join(hold)
+            if new == current:
+                continue
+            dataflow.input_holds[source.id] = new
+            if source.kind == "index":
+                upstream = self.collections.get(source.id)
+                if upstream is not None:
+                    upstream.holds[f"dataflow:{key}"] = new
+            else:
+                effects.append(StorageHold(source.id, self._holder(key), new))
+        return effects
+
+    # --- Health -----------------------------------------------------------------------
+
+    def _lag_ms(self, replica: ReplicaState) -> int | None:
+        lag = 0
+        for id, collection in self.collections.items():
+            if collection.since.is_empty:
+                continue
+            frontier = replica.frontiers.get(id)
+            # Hydrated past the as_of it was given: a replica added or rehydrated late
+            # is replayed the dataflow at its since, and reports that as_of at once.
+            if frontier is None or not (frontier > replica.as_ofs.get(id, collection.as_of)):
+                return None
+            if not collection.write_frontier.is_empty:
+                lag = max(lag, collection.write_frontier.time - (frontier.time if not frontier.is_empty else collection.write_frontier.time))
+        return lag
+
+    def _in_sync(self, replica: ReplicaState) -> bool:
+        lag = self._lag_ms(replica)
+        return replica.phase == "active" and lag is not None and lag <= self.options.max_lag_ms
+
+    def health(self) -> list[ReplicaHealth]:
+        result = []
+        for replica in self.replicas.values():
+            lag = self._lag_ms(replica) if replica.phase == "active" else None
+            result.append(
+                ReplicaHealth(
+                    replica.name,
+                    replica.epoch,
+                    replica.phase,
+                    hydrated=lag is not None,
+                    in_sync=replica.phase == "active" and lag is not None and lag <= self.options.max_lag_ms,
+                    lag_ms=lag,
+                    peeks_won=replica.peeks_won,
+                )
+            )
+        return result
+
+    def state(self) -> Literal["healthy", "degraded", "unavailable"]:
+        in_sync = sum(1 for h in self.health() if h.in_sync)
+        if in_sync == 0:
+            return "unavailable"
+        return "healthy" if in_sync >= self.options.min_in_sync else "degraded"
+

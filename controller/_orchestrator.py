@@ -1,0 +1,149 @@
+"""Managed replica processes: spawned, found again after a controller restart, respawned
+when they died.
+
+A managed replica runs `python -m replica_service` in a session of its own, so it
+outlives a controller crash; its pid, address and incarnation are recorded in the
+catalog. Every call here blocks (process start, catalog writes): the runtime runs them
+on worker threads.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from catalog import Catalog, ReplicaInfo
+from controller._api import ControllerError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Size:
+    """A named replica size: Spark resources only, never settings that change results."""
+
+    master: str
+    driver_memory: str
+
+
+SIZES: Mapping[str, Size] = {
+    "xsmall": Size("local[1]", "512m"),
+    "small": Size("local[2]", "1g"),
+    "medium": Size("local[4]", "2g"),
+    "large": Size("local[8]", "4g"),
+}
+
+READY_TIMEOUT_S = 180  # a cold JVM start on a loaded 2-core machine
+
+
+def size_of(name: str) -> Size:
+    size = SIZES.get(name)
+    if size is None:
+        raise ControllerError("INVALID_ARGUMENT", f"unknown replica size {name!r}; known sizes: {', '.join(SIZES)}")
+    return size
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except OSError as e:
+        return e.errno == errno.EPERM
+    return True
+
+
+class Orchestrator:
+    """Starts and stops the replica processes of every managed replica."""
+
+    def __init__(self, catalog: Catalog, catalog_url: str, blob_dir: Path, data_dir: Path) -> None:
+        self.catalog = catalog
+        self.catalog_url = catalog_url
+        self.blob_dir = blob_dir
+        self.log_dir = data_dir / "logs"
+        self.work_root = data_dir / "replicas"
+        self._lock = threading.Lock()  # one spawn at a time: JVM starts compete for 2 cores
+        # Processes this controller spawned, by pid: a dead child stays a zombie (and
+        # looks alive to kill(pid, 0)) until it is reaped with poll().
+        self._children: dict[int, subprocess.Popen] = {}
+
+    def alive(self, replica: ReplicaInfo) -> bool:
+        child = self._children.get(replica.pid)
+        return child.poll() is None if child is not None else pid_alive(replica.pid)
+
+    def ensure_running(self, replica: ReplicaInfo, launch_conf: Mapping[str, str]) -> str:
+        """The address of `replica`'s process, spawning a new incarnation if it died."""
+        if not replica.managed:
+            return replica.address
+        if replica.address and self.alive(replica):
+            return replica.address
+        return self.spawn(replica, launch_conf).address
+
+    def spawn(self, replica: ReplicaInfo, launch_conf: Mapping[str, str]) -> ReplicaInfo:
+        """Start a new process for `replica` and record it (incarnation + 1).
+
+        `launch_conf` holds the instance's settings that Spark fixes at launch (e.g.
+        `spark.default.parallelism`), so the replica need not restart its SparkContext.
+        """
+        with self._lock:
+            incarnation = replica.incarnation + 1
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            log_path = self.log_dir / f"{replica.instance}-{replica.name}-{incarnation}.log"
+            conf = {**launch_conf, **dict(replica.spark_conf)}
+            # Scratch space under the data directory, one per incarnation: a killed
+            # process cannot clean up after itself, so the next incarnation does.
+            work_dir = self.work_root / f"{replica.instance}-{replica.name}"
+            shutil.rmtree(work_dir, ignore_errors=True)
+            command = [
+                sys.executable, "-m", "replica_service",
+                "--listen", "127.0.0.1:0",
+                "--catalog", self.catalog_url,
+                "--blob-dir", str(self.blob_dir),
+                "--work-dir", str(work_dir),
+                "--spark-master", replica.spark_master,
+                "--driver-memory", conf.pop("spark.driver.memory", SIZES.get(replica.size, SIZES["xsmall"]).driver_memory),
+            ]
+            for key, value in sorted(conf.items()):
+                command += ["--spark-conf", f"{key}={value}"]
+            with open(log_path, "ab") as log_file:
+                process = subprocess.Popen(
+                    command, stdout=subprocess.PIPE, stderr=log_file, stdin=subprocess.DEVNULL, start_new_session=True
+                )
+            self._children[process.pid] = process
+            address = self._await_ready(process, log_path)
+            log.info("replica %s/%s incarnation %d: pid %d at %s", replica.instance, replica.name, incarnation, process.pid, address)
+            return self.catalog.update_replica(replica.instance, replica.name, address=address, pid=process.pid, incarnation=incarnation)
+
+    def _await_ready(self, process: subprocess.Popen, log_path: Path) -> str:
+        timer = threading.Timer(READY_TIMEOUT_S, process.kill)
+        timer.start()
+        try:
+            line = process.stdout.readline()
+        finally:
+            timer.cancel()
+            process.stdout.close()
+        if not line:
+            code = process.wait()
+            raise ControllerError("UNAVAILABLE", f"the replica process exited ({code}) before it was ready; see {log_path}")
+        return json.loads(line)["address"]
+
+    def stop(self, replica: ReplicaInfo) -> None:
+        """Ask a managed replica's process to shut down (SIGTERM), if it still runs."""
+        if replica.managed and self.alive(replica):
+            try:
+                os.killpg(replica.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        child = self._children.pop(replica.pid, None)
+        if child is not None:
+            threading.Thread(target=child.wait, daemon=True).start()  # reap it

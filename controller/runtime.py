@@ -1,0 +1,557 @@
+"""The running controller: the catalog, storage, planner, orchestrator and one driver per
+instance, behind the operations of `ControllerApi`.
+
+Durability order (DESIGN section 6): a request that changes durable state is validated,
+committed to the catalog (fenced by the controller epoch), and only then pushed into the
+instance's history and sent. A refused request changes nothing.
+
+Start-up order matters: the planner's JVM is launched before any gRPC thread exists
+(a fork while gRPC threads run broke JVM launches), then the catalog epoch is bumped
+(fencing any older controller), every instance's history is rebuilt from the catalog
+and its replicas are re-added; live replicas reconcile instead of recomputing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence, TypeVar
+
+import pyarrow as pa
+
+from catalog import (
+    AlreadyExists,
+    Catalog,
+    CatalogError,
+    DataflowInfo,
+    FailedPrecondition,
+    Fenced,
+    InvalidArgument,
+    NotFound,
+    ReplicaInfo,
+    default_url,
+)
+from controller._api import (
+    CollectionView,
+    Consistency,
+    ControllerError,
+    DataflowView,
+    InstanceView,
+    ReadResult,
+    ReplicaView,
+    SourceView,
+)
+from controller._driver import InstanceDriver
+from controller._instance import ComputeInstance, Effect, InstanceOptions, SinceAdvanced, StorageHold
+from controller._orchestrator import SIZES, Orchestrator, size_of
+from controller._planner import Planner
+from history import (
+    Frontier,
+    Import,
+    IndexTarget,
+    OrderBy,
+    Peek,
+    PeekCanceled,
+    PeekError,
+    PeekRows,
+    Predicate,
+    RowSetFinishing,
+    Scalar,
+    SqlTarget,
+)
+from protocol import ipc_to_table
+from storage import Storage, normalize_ddl
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+ADVANCE_INTERVAL_S = 1.0
+RESIZE_POLL_S = 0.5
+
+_CATALOG_CODES: Mapping[type, str] = {
+    NotFound: "NOT_FOUND",
+    AlreadyExists: "ALREADY_EXISTS",
+    InvalidArgument: "INVALID_ARGUMENT",
+    FailedPrecondition: "FAILED_PRECONDITION",
+}
+
+
+async def _blocking(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a blocking catalog or storage call on a worker thread; catalog refusals become
+    `ControllerError`s with the status that fits."""
+    try:
+        return await asyncio.to_thread(function, *args, **kwargs)
+    except CatalogError as e:
+        code = next((c for kind, c in _CATALOG_CODES.items() if isinstance(e, kind)), "INTERNAL")
+        raise ControllerError(code, str(e)) from None
+
+
+class Controller:
+    """Implements `ControllerApi` over the catalog, storage and instance drivers."""
+
+    def __init__(self, catalog: Catalog, catalog_url: str, storage: Storage, planner: Planner, orchestrator: Orchestrator) -> None:
+        self.catalog = catalog
+        self.catalog_url = catalog_url
+        self.storage = storage
+        self.planner = planner
+        self.orchestrator = orchestrator
+        self.drivers: dict[str, InstanceDriver] = {}
+        self._epoch = 0
+        self._source_writes = asyncio.Lock()  # appends and the advancer move uppers in turn
+        self._tasks: list[asyncio.Task] = []
+
+    # --- Life cycle -----------------------------------------------------------------------
+
+    @classmethod
+    async def start(cls, data_dir: Path, catalog_url: str | None = None) -> Controller:
+        data_dir = Path(data_dir).resolve()
+        data_dir.mkdir(parents=True, exist_ok=True)
+        planner = await asyncio.to_thread(Planner.start, data_dir / "planner")  # before any gRPC thread
+        url = catalog_url or default_url(data_dir)
+        catalog = await asyncio.to_thread(Catalog.open, url)
+        storage = Storage(catalog, data_dir / "blobs")
+        orchestrator = Orchestrator(catalog, url, data_dir / "blobs", data_dir)
+        controller = cls(catalog, url, storage, planner, orchestrator)
+        controller._epoch = await _blocking(catalog.become_controller)
+        log.info("controller epoch %d on %s", controller._epoch, url)
+        await controller._recover()
+        controller._tasks.append(asyncio.get_running_loop().create_task(controller._advance_sources()))
+        return controller
+
+    async def stop(self) -> None:
+        """Stop driving; replica processes keep running (a restart reconciles with them)."""
+        for task in self._tasks:
+            task.cancel()
+        for driver in self.drivers.values():
+            await driver.stop()
+        await asyncio.to_thread(self.planner.stop)
+
+    async def _recover(self) -> None:
+        for info in await _blocking(self.catalog.list_instances):
+            commands = await _blocking(self.catalog.recover_history, info.name)
+            driver = self._new_driver(info.name)
+            for command in commands:
+                desc = getattr(command, "desc", None)
+                if desc is not None:
+                    dataflow = await _blocking(self.catalog.get_collection, desc.export_ids[0])
+                    window = (await _blocking(self.catalog.get_dataflow, dataflow.dataflow_id)).compaction_window_ms or 0
+                    await driver.call(lambda instance, desc=desc, window=window: instance.create_dataflow(desc, window))
+            for replica in await _blocking(self.catalog.list_replicas, info.name):
+                await driver.call(lambda instance, name=replica.name: instance.add_replica(name))
+            log.info("recovered instance %s: %d commands", info.name, len(commands))
+
+    def _new_driver(self, name: str) -> InstanceDriver:
+        info = self.catalog.get_instance(name)
+        instance = ComputeInstance(
+            info.config,
+            InstanceOptions(info.min_in_sync, info.max_lag_ms, info.replica_timeout_ms),
+            info.parameters,
+        )
+        driver = InstanceDriver(
+            instance,
+            self._epoch,
+            resolve_address=lambda replica, attempt: self._replica_address(name, replica, attempt),
+            durable=self._record,
+        )
+        self.drivers[name] = driver
+        driver.start()
+        return driver
+
+    async def _replica_address(self, instance: str, name: str, attempt: int) -> str:
+        """Where replica `name` listens now; a managed replica whose process died (or that
+        keeps refusing connections) is spawned again."""
+        replica = await _blocking(self.catalog.get_replica, instance, name)
+        if replica.managed and attempt > 3 and self.orchestrator.alive(replica):
+            log.warning("replica %s/%s does not answer at %s; starting a new process", instance, name, replica.address)
+            self.orchestrator.stop(replica)
+        launch_conf = self._launch_conf(instance)
+        return await _blocking(self.orchestrator.ensure_running, replica, launch_conf)
+
+    def _launch_conf(self, instance: str) -> dict[str, str]:
+        conf = self.drivers[instance].instance.config.conf()
+        return {k: v for k, v in conf.items() if k == "spark.default.parallelism"}
+
+    def _record(self, effect: Effect) -> None:
+        """Make a hold or since durable (blocking; on the driver's serial worker)."""
+        if isinstance(effect, StorageHold):
+            self._hold(effect.id, effect.holder, effect.frontier)
+        elif isinstance(effect, SinceAdvanced) and not effect.since.is_empty:
+            info = self.catalog.get_collection(effect.id)
+            if info.dropped:
+                return
+            if info.namespace == "compute":
+                self.catalog.record_frontiers(effect.id, since=effect.since)
+            else:  # a materialized view: its compute since holds its storage collection
+                self._hold(effect.id, f"{info.dataflow_id}/sink", effect.since)
+
+    def _hold(self, id: str, holder: str, frontier: Frontier) -> None:
+        try:
+            if frontier.is_empty:
+                self.storage.release_read_hold(id, holder)
+            else:
+                self.storage.downgrade_read_hold(id, holder, frontier)
+        except NotFound:
+            if not frontier.is_empty:
+                self.storage.acquire_read_hold(id, holder, frontier)
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def _driver(self, instance: str) -> InstanceDriver:
+        driver = self.drivers.get(instance)
+        if driver is None:
+            raise ControllerError("NOT_FOUND", f"instance {instance!r} does not exist")
+        return driver
+
+    # --- Instances ------------------------------------------------------------------------
+
+    async def create_instance(self, name, *, min_in_sync=1, max_lag_ms=None, replica_timeout_ms=None, spark_conf=None) -> InstanceView:
+        options = {k: v for k, v in (("max_lag_ms", max_lag_ms), ("replica_timeout_ms", replica_timeout_ms)) if v is not None}
+        await _blocking(self.catalog.create_instance, name, spark_conf=spark_conf, min_in_sync=min_in_sync, **options)
+        self._new_driver(name)
+        return (await self.status(name))[0]
+
+    async def drop_instance(self, name: str) -> None:
+        driver = self._driver(name)
+        replicas = await _blocking(self.catalog.list_replicas, name)
+        await _blocking(self.catalog.drop_instance, name)
+        del self.drivers[name]
+        await driver.stop()
+        for replica in replicas:
+            self.orchestrator.stop(replica)
+
+    async def list_instances(self) -> list[InstanceView]:
+        return await self.status()
+
+    # --- Replicas -------------------------------------------------------------------------
+
+    async def add_replica(self, instance, name, *, size=None, spark_master=None, spark_conf=None, address=None) -> ReplicaView:
+        driver = self._driver(instance)
+        if spark_master is None:
+            size = size or "xsmall"
+            spark_master = size_of(size).master
+            spark_conf = {"spark.driver.memory": size_of(size).driver_memory, **(spark_conf or {})}
+        size = size or "custom"
+        info = await _blocking(
+            self.catalog.create_replica, instance, name, size=size, spark_master=spark_master, spark_conf=spark_conf, address=address
+        )
+        if info.managed:
+            try:
+                await _blocking(self.orchestrator.spawn, info, self._launch_conf(instance))
+            except ControllerError:
+                await _blocking(self.catalog.drop_replica, instance, name)
+                raise
+        await driver.call(lambda inst: inst.add_replica(name))
+        return next(r for r in (await self.status(instance))[0].replicas if r.name == name)
+
+    async def drop_replica(self, instance: str, name: str, *, force: bool = False) -> None:
+        driver = self._driver(instance)
+        await driver.call(lambda inst: ([], inst.check_drop_replica(name, force=force)))
+        info = await _blocking(self.catalog.get_replica, instance, name)
+        await _blocking(self.catalog.drop_replica, instance, name)
+        await driver.call(lambda inst: inst.drop_replica(name, force=True))
+        self.orchestrator.stop(info)
+
+    async def resize(self, instance: str, size: str, *, timeout_ms: int = 600_000) -> list[ReplicaView]:
+        size_of(size)
+        driver = self._driver(instance)
+        old = [r.name for r in await _blocking(self.catalog.list_replicas, instance)]
+        added = []
+        for number in range(max(len(old), 1)):
+            name = _fresh_name(f"{size}-{number + 1}", old + added)
+            await self.add_replica(instance, name, size=size)
+            added.append(name)
+        deadline = time.monotonic() + timeout_ms / 1000
+        while not all(h.in_sync for h in driver.instance.health() if h.name in added):
+            if time.monotonic() > deadline:
+                raise ControllerError("DEADLINE_EXCEEDED", f"the new {size} replicas {added} did not get in sync within {timeout_ms} ms; the old replicas are kept")
+            await asyncio.sleep(RESIZE_POLL_S)
+        for name in old:
+            await self.drop_replica(instance, name)
+        return list((await self.status(instance))[0].replicas)
+
+    # --- Sources --------------------------------------------------------------------------
+
+    async def create_source(self, name: str, schema: str) -> SourceView:
+        info = await _blocking(self.storage.create_source, name, schema)
+        return _source_view(info)
+
+    async def append(self, source: str, rows) -> int:
+        info = await _blocking(self.catalog.collection_by_name, source, "storage")
+        if info.kind != "source":
+            raise ControllerError("INVALID_ARGUMENT", f"{source} is a materialized view; only sources take appends")
+        async with self._source_writes:
+            return await _blocking(self.storage.append, info.id, rows)
+
+    async def drop_source(self, name: str) -> None:
+        info = await _blocking(self.catalog.collection_by_name, name, "storage")
+        await _blocking(self.catalog.drop_source, info.id)
+
+    async def list_sources(self) -> list[SourceView]:
+        collections = await _blocking(self.catalog.list_collections)
+        return [_source_view(c) for c in collections if c.kind == "source"]
+
+    async def _advance_sources(self) -> None:
+        """Once per tick, move every idle source's upper to now, so dataflows over idle
+        inputs keep making progress."""
+        while True:
+            await asyncio.sleep(ADVANCE_INTERVAL_S)
+            try:
+                async with self._source_writes:
+                    await asyncio.to_thread(self._advance_once)
+            except Fenced:
+                log.critical("fenced by a newer controller: stopping")
+                raise
+            except Exception:
+                log.exception("advancing sources failed")
+
+    def _advance_once(self) -> None:
+        sources = [c for c in self.catalog.list_collections() if c.kind == "source"]
+        if not sources:
+            return
+        now = Frontier(self.catalog.write_ts() + 1)
+        for source in sources:
+            upper = self.storage.upper(source.id)
+            if not upper.is_empty and upper < now:
+                try:
+                    self.storage.compare_and_append(source.id, upper, now)
+                except CatalogError as e:
+                    log.debug("advancing %s: %s", source.id, e)
+
+    # --- Dataflows ------------------------------------------------------------------------
+
+    async def create_dataflow(self, instance, name, sql, *, index_key=None, materialize=False, compaction_window_ms=0) -> DataflowView:
+        driver = self._driver(instance)
+        conf = driver.instance.config.conf()
+        tables = await asyncio.to_thread(self.planner.referenced_tables, sql, conf)
+        imports, schemas, as_of = [], {}, Frontier.minimum()
+        latest = Frontier.empty()
+        for table in tables:
+            source, schema, since, upper = await self._resolve(driver, table)
+            imports.append(source)
+            schemas[table] = schema
+            as_of = as_of.join(since)
+            latest = latest.meet(upper)
+        planned = await asyncio.to_thread(self.planner.analyze, sql, schemas, conf)
+        if index_key is None and not materialize:
+            index_key = ()
+        if index_key is not None:
+            index_key = await asyncio.to_thread(self.planner.check_index_key, planned, index_key)
+        # Start at the latest time every input can serve, not at an old since: each
+        # input change between the two would otherwise be one more Spark step.
+        as_of = as_of.join(latest.step_back()) if not latest.is_empty else as_of
+        info = await _blocking(
+            self.catalog.create_dataflow,
+            instance,
+            name,
+            sql=sql,
+            imports=imports,
+            schema=planned.schema,
+            as_of=as_of,
+            index_key=index_key,
+            materialized=materialize,
+            compaction_window_ms=compaction_window_ms,
+        )
+        desc = info.description()
+        await driver.call(lambda inst: inst.create_dataflow(desc, compaction_window_ms))
+        return _dataflow_view(info)
+
+    async def _resolve(self, driver: InstanceDriver, table: str) -> tuple[Import, str, Frontier, Frontier]:
+        """A name in SQL: an index of this instance, else a storage collection."""
+        for dataflow in await _blocking(self.catalog.list_dataflows, driver.name):
+            if dataflow.name.lower() == table.lower() and dataflow.index_id is not None:
+                collection = driver.instance.collections.get(dataflow.index_id)
+                if collection is not None:
+                    return Import(table, dataflow.index_id, "index"), dataflow.schema, collection.since, collection.write_frontier
+        try:
+            info = await _blocking(self.catalog.collection_by_name, table, "storage")
+        except ControllerError:
+            raise ControllerError("NOT_FOUND", f"no source, materialized view or index of instance {driver.name!r} is named {table!r}") from None
+        return Import(table, info.id, "storage"), info.schema, info.since, info.upper
+
+    async def drop_dataflow(self, instance: str, name: str) -> None:
+        driver = self._driver(instance)
+        info = await _blocking(self.catalog.dataflow_by_name, instance, name)
+        await driver.call(lambda inst: ([], inst.check_drop_dataflow(info.export_ids[0])))
+        await _blocking(self.catalog.drop_dataflow, info.id)
+        await driver.call(lambda inst: inst.drop_dataflow(info.export_ids[0]))
+
+    async def list_dataflows(self, instance: str | None = None) -> list[DataflowView]:
+        if instance is not None:
+            self._driver(instance)
+        return [_dataflow_view(d) for d in await _blocking(self.catalog.list_dataflows, instance)]
+
+    # --- Reads ----------------------------------------------------------------------------
+
+    async def peek(self, instance, name, *, key=None, where=(), order_by=(), limit=None, offset=0, columns=None, timestamp=None, consistency="serializable", timeout_ms=30_000) -> ReadResult:
+        driver = self._driver(instance)
+        info = await _blocking(self.catalog.dataflow_by_name, instance, name)
+        if info.index_id is None:
+            raise ControllerError("FAILED_PRECONDITION", f"dataflow {name!r} has no index to peek; it only writes a materialized view")
+        finishing = RowSetFinishing(
+            key=None if key is None else tuple(key),
+            filter=tuple(where),
+            order_by=tuple(order_by),
+            offset=offset,
+            limit=limit,
+            projection=None if columns is None else tuple(columns),
+        )
+        return await self._read(driver, IndexTarget(info.index_id), finishing, timestamp, consistency, timeout_ms)
+
+    async def query(self, instance, sql, *, timestamp=None, consistency="serializable", timeout_ms=30_000) -> ReadResult:
+        driver = self._driver(instance)
+        imports = []
+        schemas = {}
+        conf = driver.instance.config.conf()
+        for table in await asyncio.to_thread(self.planner.referenced_tables, sql, conf):
+            source, schema, _, _ = await self._resolve(driver, table)
+            if source.kind != "index":
+                raise ControllerError("FAILED_PRECONDITION", f"query reads indexes of instance {instance!r}; {table!r} is not one (create a dataflow over it)")
+            imports.append(source)
+            schemas[table] = schema
+        await asyncio.to_thread(self.planner.analyze, sql, schemas, conf)
+        return await self._read(driver, SqlTarget(sql, tuple(imports)), RowSetFinishing(), timestamp, consistency, timeout_ms)
+
+    async def _read(self, driver: InstanceDriver, target, finishing: RowSetFinishing, timestamp: int | None, consistency: Consistency, timeout_ms: int) -> ReadResult:
+        if consistency not in ("serializable", "strict"):
+            raise ControllerError("INVALID_ARGUMENT", f"consistency must be 'serializable' or 'strict', not {consistency!r}")
+        if timestamp is None and consistency == "strict":
+            timestamp = await _blocking(self.catalog.read_ts)
+        peek_id = uuid.uuid4().hex
+        waiter = asyncio.get_running_loop().create_future()
+
+        def issue(instance: ComputeInstance):
+            chosen = timestamp
+            if chosen is None:
+                chosen = max(instance.readable_time(id) for id in target.collection_ids)
+            driver.peek_waiters[peek_id] = waiter
+            try:
+                return instance.peek(Peek(peek_id, target, chosen, finishing, timeout_ms)), chosen
+            except Exception:
+                del driver.peek_waiters[peek_id]
+                raise
+
+        chosen = await driver.call(issue)
+        try:
+            result, replica = await asyncio.wait_for(asyncio.shield(waiter), timeout_ms / 1000)
+        except asyncio.TimeoutError:
+            driver.post(lambda inst: inst.cancel_peek(peek_id, f"no replica answered within {timeout_ms} ms"))
+            raise ControllerError(
+                "DEADLINE_EXCEEDED",
+                f"no replica answered the read at {chosen} within {timeout_ms} ms (instance {driver.name!r} is {driver.instance.state()})",
+            ) from None
+        if isinstance(result, PeekRows):
+            return ReadResult(ipc_to_table(result.arrow_ipc), chosen, replica)
+        if isinstance(result, PeekCanceled):
+            raise ControllerError("UNAVAILABLE", "the read was canceled")
+        raise ControllerError("FAILED_PRECONDITION", result.message)
+
+    # --- Status ---------------------------------------------------------------------------
+
+    async def status(self, instance: str | None = None) -> list[InstanceView]:
+        names = [instance] if instance is not None else sorted(self.drivers)
+        views = []
+        for name in names:
+            driver = self._driver(name)
+            replicas = {r.name: r for r in await _blocking(self.catalog.list_replicas, name)}
+            dataflows = await _blocking(self.catalog.list_dataflows, name)
+            views.append(_instance_view(driver, replicas, dataflows))
+        return views
+
+
+def _fresh_name(name: str, taken: Sequence[str]) -> str:
+    candidate, number = name, 1
+    while candidate in taken:
+        number += 1
+        candidate = f"{name}-{number}"
+    return candidate
+
+
+def _time(frontier: Frontier) -> int | None:
+    return frontier.time
+
+
+def _source_view(info) -> SourceView:
+    return SourceView(info.id, info.name, info.schema, _time(info.since), _time(info.upper))
+
+
+def _dataflow_view(info: DataflowInfo) -> DataflowView:
+    return DataflowView(
+        id=info.id,
+        instance=info.instance,
+        name=info.name,
+        sql=info.sql,
+        schema=info.schema,
+        index_id=info.index_id,
+        index_key=info.index_exports[0].key if info.index_exports else None,
+        sink_id=info.sink_id,
+        compaction_window_ms=info.compaction_window_ms or 0,
+    )
+
+
+def _instance_view(driver: InstanceDriver, replicas: Mapping[str, ReplicaInfo], dataflows: Sequence[DataflowInfo]) -> InstanceView:
+    instance = driver.instance
+    names = {export: d.name for d in dataflows for export in d.export_ids}
+    replica_views = []
+    for health in instance.health():
+        state = instance.replicas[health.name]
+        info = replicas.get(health.name)
+        status = state.status
+        replica_views.append(
+            ReplicaView(
+                name=health.name,
+                size=info.size if info else "",
+                spark_master=info.spark_master if info else "",
+                address=info.address if info else None,
+                managed=info.managed if info else False,
+                state=health.phase,
+                epoch=health.epoch,
+                pid=(status.pid or None) if status else (info.pid if info else None),
+                in_sync=health.in_sync,
+                hydrated=health.hydrated,
+                lag_ms=health.lag_ms,
+                peeks_won=health.peeks_won,
+                dataflows_kept=status.dataflows_kept if status else 0,
+                dataflows_built=status.dataflows_built if status else 0,
+            )
+        )
+    return InstanceView(
+        name=driver.name,
+        health=instance.state(),
+        min_in_sync=instance.options.min_in_sync,
+        max_lag_ms=instance.options.max_lag_ms,
+        replica_timeout_ms=instance.options.replica_timeout_ms,
+        history_length=len(instance.history),
+        history_reductions=instance.history.reductions,
+        commands_pushed=instance.history.pushed,
+        replicas=tuple(replica_views),
+        collections=tuple(
+            CollectionView(id, names.get(id, id), _time(c.since), _time(c.write_frontier)) for id, c in instance.collections.items()
+        ),
+    )
+
+
+async def serve(*, data_dir: Path, catalog_url: str | None = None, listen: str = "127.0.0.1:6875") -> None:
+    """Run a controller until SIGTERM or SIGINT (`tandem serve`); logs go to stderr."""
+    from controller._service import ControllerServer
+
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s controller %(levelname)s %(name)s: %(message)s")
+
+    controller = await Controller.start(data_dir, catalog_url)
+    server = ControllerServer(controller, listen)
+    await server.start()
+    print(f"tandem controller (epoch {controller.epoch}) listening on {server.address}", flush=True)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    await stopping.wait()
+    await server.stop(2)
+    await controller.stop()

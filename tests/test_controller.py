@@ -1,0 +1,187 @@
+"""The controller with real processes: a `tandem serve` process, managed replica
+processes, the Python client over real gRPC, and real failures (kill -9).
+
+One controller and its replicas serve the whole module; tests run in file order and
+build on each other's state, as an operator's session would.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import grpc
+import pytest
+
+from catalog import Catalog, Fenced, default_url
+from controller.client import Client, TandemError
+from controller_harness import ControllerProcess, kill_replicas
+
+pytestmark = pytest.mark.spark
+
+SCHEMA = "id BIGINT NOT NULL, region STRING, amount DOUBLE"
+TOTALS = "select region, sum(amount) as total, count(*) as n from sales group by region"
+
+
+def wait_until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise TimeoutError(f"waited {timeout}s for {what}")
+
+
+def replicas(client: Client, instance: str = "main") -> dict:
+    return {r.name: r for r in client.status("main")[0].replicas}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("tandem")
+    state = {"data_dir": data_dir, "controller": ControllerProcess(data_dir)}
+    state["client"] = Client.connect(state["controller"].address)
+    yield state
+    state["client"].close()
+    state["controller"].stop()
+    kill_replicas(data_dir)
+
+
+def _reconnect(cluster) -> Client:
+    cluster["client"].close()
+    cluster["client"] = Client.connect(cluster["controller"].address)
+    return cluster["client"]
+
+
+def test_two_replicas_serve_a_dataflow(cluster):
+    client: Client = cluster["client"]
+    client.create_instance("main", min_in_sync=1, replica_timeout_ms=4000)
+    client.add_replica("main", "r1", size="xsmall")
+    client.add_replica("main", "r2", size="xsmall")
+    client.create_source("sales", SCHEMA)
+    t = client.append("sales", [{"id": i, "region": ["north", "south"][i % 2], "amount": float(i)} for i in range(10)])
+    client.create_dataflow("main", "totals", TOTALS, index_key=["region"], materialize=True)
+    result = client.peek("main", "totals", key="north", consistency="strict", timeout_ms=120_000)
+    assert result.rows == [{"region": "north", "total": 20.0, "n": 5}]
+    assert result.replica in ("r1", "r2")
+    wait_until(lambda: all(r.in_sync for r in replicas(client).values()), 120, "both replicas in sync")
+    status = client.status("main")[0]
+    assert status.health == "healthy"
+
+
+def test_bad_input_gets_the_right_status_and_writes_nothing(cluster):
+    client: Client = cluster["client"]
+    def catalog_contents():  # what a refused request must not change (uppers move on their own)
+        return client.list_dataflows("main"), [(s.id, s.name, s.schema) for s in client.list_sources()], client.list_instances()[0].replicas
+
+    before = catalog_contents()
+    cases = [
+        (lambda: client.peek("main", "nope"), grpc.StatusCode.NOT_FOUND),
+        (lambda: client.peek("nowhere", "totals"), grpc.StatusCode.NOT_FOUND),
+        (lambda: client.create_source("sales", SCHEMA), grpc.StatusCode.ALREADY_EXISTS),
+        (lambda: client.create_instance("main"), grpc.StatusCode.ALREADY_EXISTS),
+        (lambda: client.create_dataflow("main", "broken", "select region from"), grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: client.create_dataflow("main", "random", "select id, rand() as r from sales"), grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: client.create_dataflow("main", "clock", "select id, current_timestamp() as t from sales"), grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: client.create_dataflow("main", "ghost", "select * from missing_table"), grpc.StatusCode.NOT_FOUND),
+        (lambda: client.create_dataflow("main", "badkey", TOTALS, index_key=["nope"]), grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: client.append("sales", [{"id": "not a number", "region": "x", "amount": 1.0}]), grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: client.append("sales", [{"id": None, "region": "x", "amount": 1.0}]), grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: client.peek("main", "totals", timestamp=0), grpc.StatusCode.FAILED_PRECONDITION),
+        (lambda: client.add_replica("main", "huge", size="galactic"), grpc.StatusCode.INVALID_ARGUMENT),
+    ]
+    for call, code in cases:
+        with pytest.raises(TandemError) as error:
+            call()
+        assert error.value.code == code, (error.value.code, error.value.message)
+        assert error.value.message
+    after = catalog_contents()
+    assert after[:2] == before[:2]
+    assert [r.name for r in after[2]] == [r.name for r in before[2]]
+
+
+def test_drop_replica_below_min_in_sync_is_refused_without_force(cluster):
+    client: Client = cluster["client"]
+    client.create_instance("solo", min_in_sync=1)
+    client.add_replica("solo", "only", size="xsmall")
+    client.create_dataflow("solo", "solo_totals", TOTALS, index_key=["region"])
+    wait_until(lambda: client.status("solo")[0].replicas[0].in_sync, 120, "the replica in sync")
+    with pytest.raises(TandemError) as error:
+        client.drop_replica("solo", "only")
+    assert error.value.code == grpc.StatusCode.FAILED_PRECONDITION and "min_in_sync" in error.value.message
+    assert [r.name for r in client.status("solo")[0].replicas] == ["only"]
+    client.drop_replica("solo", "only", force=True)
+    assert client.status("solo")[0].replicas == ()
+    client.drop_instance("solo")
+
+
+def test_killing_a_replica_under_peek_load_fails_no_peek(cluster):
+    client: Client = cluster["client"]
+    victim = replicas(client)["r1"]
+    errors, answers, stop = [], [], threading.Event()
+
+    def peek_loop():
+        with Client.connect(cluster["controller"].address) as own:
+            while not stop.is_set():
+                try:
+                    answers.append(own.peek("main", "totals", key="north", timeout_ms=20_000))
+                except TandemError as e:
+                    errors.append(e)
+
+    loop = threading.Thread(target=peek_loop)
+    loop.start()
+    time.sleep(2)
+    os.kill(victim.pid, signal.SIGKILL)
+    rehydrated = wait_until(
+        lambda: (r := replicas(client)["r1"]).epoch > victim.epoch and r.in_sync and r.pid != victim.pid and r,
+        180,
+        "r1 to be rehydrated",
+    )
+    time.sleep(1)
+    stop.set()
+    loop.join()
+    assert errors == []
+    assert len(answers) > 10
+    assert all(a.rows == answers[0].rows for a in answers)
+    assert {a.replica for a in answers} >= {"r2"}
+    assert rehydrated.dataflows_built >= 1
+
+
+def test_controller_kill_and_restart_reconciles_replicas(cluster):
+    client: Client = cluster["client"]
+    t = client.append("sales", [{"id": 100, "region": "west", "amount": 5.0}])
+    client.peek("main", "totals", key="west", consistency="strict", timeout_ms=60_000)
+    before = replicas(client)
+    cluster["controller"].kill()
+    cluster["controller"] = ControllerProcess(cluster["data_dir"], log_name="controller-2.log")
+    client = _reconnect(cluster)
+    assert [i.name for i in client.list_instances()] == ["main"]
+    assert [d.name for d in client.list_dataflows("main")] == ["totals"]
+    after = wait_until(
+        lambda: (r := replicas(client)) and all(x.in_sync and x.dataflows_kept > 0 for x in r.values()) and r,
+        120,
+        "replicas reconciled and in sync",
+    )
+    for name, replica in after.items():
+        assert replica.pid == before[name].pid  # the same processes, kept alive
+        assert replica.dataflows_built == before[name].dataflows_built  # nothing recomputed
+    result = client.peek("main", "totals", key="west", consistency="strict")
+    assert result.rows == [{"region": "west", "total": 5.0, "n": 1}]
+
+
+def test_a_second_controller_fences_the_first(cluster):
+    old = Catalog.open(default_url(cluster["data_dir"]))
+    old.become_controller()
+    newer = Catalog.open(default_url(cluster["data_dir"]))
+    newer.become_controller()
+    with pytest.raises(Fenced):
+        old.write_ts()
+    old.close()
+    newer.close()
+    # The running controller was fenced too: its next write is refused.
+    with pytest.raises(TandemError) as error:
+        cluster["client"].create_source("late", SCHEMA)
+    assert error.value.code == grpc.StatusCode.FAILED_PRECONDITION and "epoch" in error.value.message
