@@ -42,9 +42,9 @@ class StorageTrace:
             return Frontier.minimum()
         return Frontier.empty() if self.loaded_through == _CLOSED else Frontier(self.loaded_through + 1)
 
-    def load(self, storage: Storage) -> None:
-        """Read what the collection completed since the last load (blocking)."""
-        upper = storage.upper(self.id)
+    def load(self, storage: Storage, upper: Frontier) -> None:
+        """Read what the collection completed below `upper` since the last load
+        (blocking)."""
         through = _CLOSED if upper.is_empty else upper.time - 1
         if self.loaded_through is None:
             if through < self.as_of:

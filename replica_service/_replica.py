@@ -20,12 +20,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import pyarrow as pa
 from py4j.protocol import Py4JNetworkError
 from pyspark.sql import SparkSession
 
+from catalog import CatalogError
 from history import (
     AllowCompaction,
     CancelPeek,
@@ -57,7 +58,7 @@ from replica_service._arrangement import Arrangement, Version, canonical_sort, d
 from replica_service._dataflow import Dataflow, DataflowInputs
 from replica_service._inputs import StorageTrace
 from replica_service._sink import SinkWriter
-from storage import Storage
+from storage import NegativeCount, Storage
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,8 @@ class Replica:
         self.wakeups: dict[str, asyncio.Event] = {}  # dataflow id -> "inputs may have moved"
         self.progress = asyncio.Event()  # set and replaced whenever any frontier moves
         self.peeks: dict[str, asyncio.Task] = {}
+        self.storage_uppers: dict[str, Frontier] = {}  # as last polled, by collection id
+        self._poller: asyncio.Task | None = None
         self.dataflows_kept = 0
         self.dataflows_built = 0
         self.heartbeats = 0
@@ -147,7 +150,7 @@ class Replica:
     async def shutdown(self) -> None:
         if self.connection:
             self.connection.close()
-        for task in [*self.tasks.values(), *self.peeks.values()]:
+        for task in [*self.tasks.values(), *self.peeks.values(), *filter(None, [self._poller])]:
             task.cancel()
         session = await self._instance_session if self._instance_session is not None else self._session
         await asyncio.get_running_loop().run_in_executor(self._step_pool, session.stop)
@@ -171,9 +174,11 @@ class Replica:
             )
         self.highest_epoch = hello.controller_epoch
         if self.connection is not None:
+            # The earlier connection's pending peeks end as canceled, its last words.
+            for uuid, task in self.peeks.items():
+                task.cancel()
+                self.connection.send(PeekResponse(uuid, PeekCanceled()))
             self.connection.close()
-        for task in self.peeks.values():
-            task.cancel()  # pending peeks of an earlier connection are dropped
         self.peeks.clear()
         self.connection = Connection(hello.controller_epoch, hello.nonce)
         asyncio.get_running_loop().create_task(self._heartbeat(self.connection))
@@ -301,6 +306,8 @@ class Replica:
         if dataflow is None or dataflow.scheduled:
             return
         dataflow.scheduled = True
+        if self._poller is None:
+            self._poller = asyncio.get_running_loop().create_task(self._poll_storage())
         self.wakeups[dataflow.id] = asyncio.Event()
         self.tasks[dataflow.id] = asyncio.get_running_loop().create_task(self._run(dataflow))
 
@@ -368,29 +375,58 @@ class Replica:
                 if not times and upper > dataflow.frontier and dataflow.last_computed is not None:
                     await self._write_sinks(dataflow, None, upper)
                 self._advance(dataflow, upper)
-            except OSError as e:
-                # A batch file compacted away under us, or a storage hiccup: retry soon.
+            except (OSError, CatalogError) as e:
+                if isinstance(e, NegativeCount):  # the stored data is wrong, not the moment
+                    self._fail(dataflow, str(e))
+                    return
+                # A batch file compacted away under us, a storage hiccup, a read the
+                # controller's holds did not cover yet: try again at the next wake-up.
                 log.warning("dataflow %s: storage read failed, retrying: %s", dataflow.desc.name, e)
+                await asyncio.sleep(self.parameters.input_poll_interval_ms / 1000)
+                wakeup.set()
             except (Py4JNetworkError, ConnectionError):
                 log.critical("lost the Spark driver; exiting so that the replica is restarted")
                 os._exit(70)
             except Exception as e:  # a Spark error in the user's SQL: this dataflow fails alone
-                dataflow.error = _spark_error_message(e)
-                log.warning("dataflow %s failed: %s", dataflow.desc.name, dataflow.error)
-                self._notify_progress()
+                self._fail(dataflow, _spark_error_message(e))
                 return
             if dataflow.frontier.is_empty or dataflow.frontier == dataflow.desc.until:
                 return
-            poll = self.parameters.input_poll_interval_ms / 1000
-            try:
-                await asyncio.wait_for(wakeup.wait(), poll if dataflow.inputs.storage else None)
-            except TimeoutError:
-                pass
+            await wakeup.wait()  # set by the storage poller or an upstream dataflow
+
+    def _fail(self, dataflow: Dataflow, error: str) -> None:
+        dataflow.error = error
+        log.warning("dataflow %s failed: %s", dataflow.desc.name, error)
+        self._notify_progress()
 
     async def _load_inputs(self, dataflow: Dataflow) -> None:
         loop = asyncio.get_running_loop()
         for trace in dataflow.inputs.storage.values():
-            await loop.run_in_executor(self._io_pool, trace.load, self.storage)
+            upper = self.storage_uppers.get(trace.id)
+            if upper is None or trace.upper < upper:
+                if upper is None:
+                    upper = await loop.run_in_executor(self._io_pool, self.storage.upper, trace.id)
+                await loop.run_in_executor(self._io_pool, trace.load, self.storage, upper)
+
+    async def _poll_storage(self) -> None:
+        """Read every storage collection's upper with one catalog query per interval, and
+        wake the dataflows whose inputs moved (instead of each dataflow polling each of
+        its inputs)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.parameters.input_poll_interval_ms / 1000)
+            if not any(d.scheduled and d.inputs.storage for d in self.dataflows.values()):
+                continue
+            try:
+                collections = await loop.run_in_executor(self._io_pool, self.storage.catalog.list_collections)
+            except Exception as e:  # the catalog is unreachable for a moment: poll again
+                log.warning("polling storage uppers failed: %s", e)
+                continue
+            self.storage_uppers = {c.id: c.upper for c in collections if c.namespace == "storage"}
+            for id, wakeup in self.wakeups.items():
+                traces = self.dataflows[id].inputs.storage.values()
+                if any(trace.upper < self.storage_uppers.get(trace.id, trace.upper) for trace in traces):
+                    wakeup.set()
 
     async def _install(self, dataflow: Dataflow, time: int, result: pa.Table, frontier: Frontier) -> None:
         """Make the result at `time` a version of every index and a write to every sink,
