@@ -22,7 +22,7 @@ Rules (DESIGN section 6):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Union
+from typing import Literal, Mapping, Union
 
 from history import (
     AllowCompaction,
@@ -330,9 +330,15 @@ class ComputeInstance:
 
     # --- Client commands --------------------------------------------------------------
 
-    def create_dataflow(self, desc: DataflowDescription, compaction_window_ms: int = 0) -> list[Effect]:
+    def create_dataflow(
+        self, desc: DataflowDescription, compaction_window_ms: int = 0, sinces: Mapping[str, Frontier] | None = None
+    ) -> list[Effect]:
         """Add a dataflow. Preconditions (checked): its export ids are new, its index
-        imports are live collections of this instance readable at `as_of`."""
+        imports are live collections of this instance readable at `as_of`.
+
+        `sinces` restores, after a controller restart, each export's recorded since: the
+        dataflow comes back at one `as_of` (the meet), but an export that surviving
+        replicas already compacted further must not be read below its own since."""
         for id in desc.export_ids:
             if id in self.collections:
                 raise InstanceError("ALREADY_EXISTS", f"collection {id} already exists in instance {self.config.name!r}")
@@ -347,8 +353,9 @@ class ComputeInstance:
         dataflow = DataflowState(desc, compaction_window_ms)
         self.dataflows[key] = dataflow
         for id in desc.export_ids:
+            implied = desc.as_of.join((sinces or {}).get(id, desc.as_of))
             self.collections[id] = CollectionState(
-                id, key, desc.as_of, compaction_window_ms, write_frontier=desc.as_of, since=desc.as_of, holds={"implied": desc.as_of}
+                id, key, desc.as_of, compaction_window_ms, write_frontier=desc.as_of, since=desc.as_of, holds={"implied": implied}
             )
         effects: list[Effect] = []
         for source in desc.imports:

@@ -139,9 +139,12 @@ class Controller:
             for command in commands:
                 desc = getattr(command, "desc", None)
                 if desc is not None:
-                    dataflow = await _blocking(self.catalog.get_collection, desc.export_ids[0])
-                    window = (await _blocking(self.catalog.get_dataflow, dataflow.dataflow_id)).compaction_window_ms or 0
-                    await driver.call(lambda instance, desc=desc, window=window: instance.create_dataflow(desc, window))
+                    exports = [await _blocking(self.catalog.get_collection, id) for id in desc.export_ids]
+                    window = (await _blocking(self.catalog.get_dataflow, exports[0].dataflow_id)).compaction_window_ms or 0
+                    sinces = {export.id: export.since for export in exports}
+                    await driver.call(
+                        lambda instance, desc=desc, window=window, sinces=sinces: instance.create_dataflow(desc, window, sinces)
+                    )
             for replica in await _blocking(self.catalog.list_replicas, info.name):
                 await driver.call(lambda instance, name=replica.name: instance.add_replica(name))
             log.info("recovered instance %s: %d commands", info.name, len(commands))
