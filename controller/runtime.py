@@ -268,7 +268,7 @@ class Controller:
         old = [r.name for r in await _blocking(self.catalog.list_replicas, instance)]
         added = []
         for number in range(max(len(old), 1)):
-            name = _fresh_name(f"{size}-{number + 1}", old + added)
+            name = _fresh_name(f"{size}_{number + 1}", old + added)
             await self.add_replica(instance, name, size=size)
             added.append(name)
         deadline = time.monotonic() + timeout_ms / 1000
@@ -473,7 +473,7 @@ def _fresh_name(name: str, taken: Sequence[str]) -> str:
     candidate, number = name, 1
     while candidate in taken:
         number += 1
-        candidate = f"{name}-{number}"
+        candidate = f"{name}_{number}"
     return candidate
 
 

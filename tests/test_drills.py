@@ -1,0 +1,254 @@
+"""Failure drills with real processes: a controller, a managed replica, and an external
+replica behind a fault-injecting TCP proxy.
+
+After each drill every peek answer is checked against the same SQL run directly with
+Spark on the storage snapshot at the peek's timestamp.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import grpc
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import history as h
+from catalog import Catalog, Fenced, default_url
+from controller.client import Client, TandemError
+from controller_harness import ControllerProcess, kill_replicas
+from fault_proxy import FaultProxy
+from replica_harness import ReplicaProcess, ScriptedClient
+from replica_service import _spark
+from storage import file_schema, parse_schema, snapshot_of
+
+pytestmark = pytest.mark.spark
+
+SCHEMA = "id BIGINT NOT NULL, region STRING, amount DOUBLE"
+TOTALS = "select region, sum(amount) as total, count(*) as n from sales group by region"
+REGIONS = ["north", "south", "east", "west"]
+
+
+def wait_until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(0.2)
+    raise TimeoutError(f"waited {timeout}s for {what}")
+
+
+class Drill:
+    """The cluster under drill, and every peek answer it gave."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.controller = ControllerProcess(root)
+        self.client = Client.connect(self.controller.address)
+        self.answers: list[tuple[str, str, int, list[dict]]] = []  # (instance, key, timestamp, rows)
+        self.failures: list[TandemError] = []
+
+    def replicas(self, instance: str) -> dict:
+        return {r.name: r for r in self.client.status(instance)[0].replicas}
+
+    def peek(self, instance: str, key: str, client: Client | None = None):
+        # Index names are unique across instances in the catalog, hence one per instance.
+        name = "totals" if instance == "duo" else f"{instance}_totals"
+        result = (client or self.client).peek(instance, name, key=key, timeout_ms=20_000)
+        self.answers.append((instance, key, result.timestamp, result.rows))
+        return result
+
+    @contextmanager
+    def peek_loop(self, instance: str) -> Iterator[list]:
+        """Peek continuously from a thread of its own while the block runs; yields the
+        list of results it fills (failures go to `self.failures`)."""
+        stop, results = threading.Event(), []
+
+        def loop() -> None:
+            with Client.connect(self.controller.address) as own:
+                while not stop.is_set():
+                    try:
+                        results.append(self.peek(instance, random.choice(REGIONS), own))
+                    except TandemError as e:
+                        self.failures.append(e)
+
+        thread = threading.Thread(target=loop)
+        thread.start()
+        try:
+            yield results
+        finally:
+            stop.set()
+            thread.join()
+
+    def restart_controller(self) -> None:
+        self.controller.kill()
+        self.controller = ControllerProcess(self.root, log_name=f"controller-{time.monotonic_ns()}.log")
+        self.client.close()
+        self.client = Client.connect(self.controller.address)
+
+
+def snapshot(root: Path, catalog: Catalog, source_id: str, t: int) -> pa.Table:
+    """The source at `t`, consolidated from its batch files (the verifier holds no read
+    hold, so it reads the files, which nothing compacts in these drills)."""
+    schema = parse_schema(catalog.get_collection(source_id).schema)
+    batches = catalog.manifest(source_id).batches
+    tables = [pq.read_table(root / "blobs" / b.path, schema=file_schema(schema)) for b in batches]
+    updates = pa.concat_tables(tables) if tables else file_schema(schema).empty_table()
+    updates = updates.filter(pa.compute.less_equal(updates["_time"], t))
+    return snapshot_of(updates, schema.names, f"{source_id} at {t}").cast(schema)
+
+
+@pytest.fixture(scope="module")
+def drill(tmp_path_factory):
+    root = tmp_path_factory.mktemp("drill")
+    state = Drill(root)
+    client = state.client
+    client.create_instance("duo", min_in_sync=1, replica_timeout_ms=3000, max_lag_ms=2000)
+    client.add_replica("duo", "managed", size="xsmall")
+    external = ReplicaProcess(default_url(root), root / "blobs", log_path=root / "external.log")
+    proxy = FaultProxy(external.address)
+    client.add_replica("duo", "external", address=proxy.address)
+    client.create_source("sales", SCHEMA)
+    client.append("sales", [{"id": i, "region": REGIONS[i % 4], "amount": i * 0.5} for i in range(40)])
+    client.create_dataflow("duo", "totals", TOTALS, index_key=["region"])
+    wait_until(lambda: all(r.in_sync for r in state.replicas("duo").values()), 180, "both replicas in sync")
+    state.external, state.proxy = external, proxy
+    yield state
+    verify(state)
+    state.client.close()
+    state.controller.stop()
+    proxy.close()
+    external.stop()
+    kill_replicas(root)
+
+
+def verify(state: Drill) -> None:
+    """Every answer equals Spark's answer on the storage snapshot at its timestamp."""
+    catalog = Catalog.open(default_url(state.root))
+    session = _spark.start_session(_spark.SparkSettings("local[1]"), state.root / "verifier")
+    source = catalog.collection_by_name("sales").id
+    expected: dict[int, dict[str, list[dict]]] = {}
+    for instance, key, t, rows in state.answers:
+        if t not in expected:
+            result = _spark.run_sql(session, TOTALS, {"sales": snapshot(state.root, catalog, source, t)}).to_pylist()
+            expected[t] = {r["region"]: [r] for r in result}
+        assert rows == expected[t].get(key, []), (instance, key, t)
+    catalog.close()
+
+
+def test_a_slow_replica_is_outrun_and_shows_its_lag(drill):
+    before = drill.replicas("duo")
+    drill.proxy.delay(0.5)
+    for _ in range(20):
+        drill.peek("duo", random.choice(REGIONS))
+    # Its frontier reports arrive late, so its lag shows; the fast replica wins the peeks.
+    wait_until(lambda: (drill.replicas("duo")["external"].lag_ms or 0) >= 400, 30, "the slow replica's lag to show")
+    after = drill.replicas("duo")
+    assert after["managed"].peeks_won - before["managed"].peeks_won >= 15
+    assert after["external"].peeks_won - before["external"].peeks_won <= 5
+    drill.proxy.heal()
+    wait_until(lambda: drill.replicas("duo")["external"].in_sync, 60, "the slow replica to catch up")
+
+
+def test_a_partition_fails_the_replica_after_the_timeout_and_heals(drill):
+    before = drill.replicas("duo")["external"]
+    with drill.peek_loop("duo") as results:
+        cut_at = time.monotonic()
+        drill.proxy.partition()
+        failed = wait_until(lambda: (r := drill.replicas("duo")["external"]).epoch > before.epoch and r, 30, "the partitioned replica to fail")
+        detected_after = time.monotonic() - cut_at
+        # Silence counts from the last message heard (heartbeats every 0.5 s, ticks every
+        # 0.25 s), so the 3 s timeout can fire up to ~0.75 s after the cut began, not sooner.
+        assert detected_after >= 2.0, f"failed after {detected_after:.1f}s, before the 3 s replica_timeout"
+        assert not failed.in_sync  # (a reconnect may get through to the proxy, then time out again)
+        time.sleep(2)
+        drill.proxy.heal()
+        healed = wait_until(
+            lambda: (r := drill.replicas("duo")["external"]).in_sync and r.dataflows_kept > before.dataflows_kept and r,
+            90,
+            "the replica to rejoin, reconciled, after the heal",
+        )
+    assert drill.failures == [] and len(results) > 5
+    assert healed.pid == before.pid  # the same process: it reconciled rather than restarting
+    assert healed.dataflows_built == before.dataflows_built
+
+
+def test_one_replica_killed_peeks_wait_or_fail_clearly_never_wrongly(drill):
+    client = drill.client
+    client.create_instance("single", replica_timeout_ms=3000)
+    client.add_replica("single", "only", size="xsmall")
+    client.create_dataflow("single", "single_totals", TOTALS, index_key=["region"])
+    wait_until(lambda: drill.replicas("single")["only"].in_sync, 120, "the replica in sync")
+    victim = drill.replicas("single")["only"]
+    failures_before = len(drill.failures)
+    with drill.peek_loop("single") as results:
+        time.sleep(1)
+        os.kill(victim.pid, signal.SIGKILL)
+        wait_until(lambda: (r := drill.replicas("single")["only"]).epoch > victim.epoch and r.in_sync, 180, "rehydration")
+        served_after = len(results)
+        wait_until(lambda: len(results) > served_after + 3, 60, "peeks served again")
+    for failure in drill.failures[failures_before:]:
+        assert failure.code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE), failure
+        assert "single" in failure.message or "replica" in failure.message
+    del drill.failures[failures_before:]
+    client.drop_instance("single")
+
+
+def test_controller_killed_mid_operations_leaves_catalog_and_replicas_agreeing(drill):
+    client = drill.client
+    errors: list[Exception] = []
+    created: list[str] = []
+
+    def churn() -> None:
+        with Client.connect(drill.controller.address) as own:
+            for n in range(50):
+                try:
+                    own.append("sales", [{"id": 1000 + n, "region": REGIONS[n % 4], "amount": 1.0}])
+                    own.create_dataflow("duo", f"churn{n}", "select region, count(*) as n from sales group by region", index_key=["region"])
+                    created.append(f"churn{n}")
+                    if n % 2:
+                        own.drop_dataflow("duo", f"churn{n}")
+                except TandemError as e:
+                    errors.append(e)
+                    return
+
+    thread = threading.Thread(target=churn)
+    thread.start()
+    time.sleep(random.uniform(3, 6))
+    drill.restart_controller()
+    thread.join()
+    client = drill.client
+    dataflows = {d.name: d for d in client.list_dataflows("duo")}
+    wait_until(lambda: all(r.in_sync for r in drill.replicas("duo").values()), 180, "replicas in sync after restart")
+    status = client.status("duo")[0]
+    live_indexes = {c.id for c in status.collections if c.since is not None}
+    assert {d.index_id for d in dataflows.values()} == live_indexes  # nothing half-made
+    for name in dataflows:
+        client.peek("duo", name, consistency="strict", timeout_ms=60_000)
+    for name in [n for n in dataflows if n.startswith("churn")]:
+        client.drop_dataflow("duo", name)
+
+
+def test_a_stale_controller_is_refused_by_replicas_and_the_catalog(drill):
+    old = Catalog.open(default_url(drill.root))
+    stale_epoch = old.become_controller()
+    drill.restart_controller()  # the newest controller fences the older ones
+    with pytest.raises(Fenced):
+        old.create_source("from_the_past", SCHEMA)
+    old.close()
+    # Once the newest controller has driven the replica, the older epoch is refused.
+    wait_until(lambda: all(r.in_sync for r in drill.replicas("duo").values()), 180, "replicas in sync")
+    stale = ScriptedClient(drill.external.address, epoch=stale_epoch)
+    refusal = stale.wait_for(lambda r: r.refusal, 20, "a refusal")
+    assert refusal.code == "stale_epoch"
+    stale.close()
+    assert [s.name for s in drill.client.list_sources()] == ["sales"]
+    drill.peek("duo", "north")
