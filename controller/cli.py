@@ -1,5 +1,6 @@
 """`tandem`, the command line of a controller, built on `controller.client.Client`.
 
+    tandem demo                      # the tour: start here
     tandem serve --data-dir ./tandem-data
     tandem instance create prod --min-in-sync 1
     tandem replica add prod r1 --size small
@@ -11,7 +12,7 @@
     tandem status prod
 
 Rules:
-- Every command but `serve` takes `--address` (default `$TANDEM_ADDRESS`, else
+- Every command but `serve` and `demo` takes `--address` (default `$TANDEM_ADDRESS`, else
   127.0.0.1:6875) and `--json` (JSON on stdout for scripts, instead of aligned tables).
 - Exit codes: 0 done; 1 refused or failed, with `error: <STATUS>: <message>` on stderr;
   2 a usage error (argparse); 130 interrupted.
@@ -293,6 +294,17 @@ def _serve(args: argparse.Namespace) -> None:
     asyncio.run(runtime.serve(data_dir=args.data_dir, catalog_url=args.catalog, listen=args.listen))
 
 
+def _run_demo(args: argparse.Namespace) -> None:
+    # Imported here, as the runtime is: only `tandem demo` starts processes.
+    from controller import _demo
+
+    try:
+        _demo.run(args.data_dir, keep=args.keep)
+    except (_demo.DemoFailed, RuntimeError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
 # --- Rows from files -------------------------------------------------------------------
 
 
@@ -515,6 +527,25 @@ def _parser() -> argparse.ArgumentParser:
         help="where to serve the client API (default: %(default)s)",
     )
     p.set_defaults(run=_serve)
+
+    p = commands.add_parser(
+        "demo",
+        help="the tour: a controller, two replicas, a crash of each kind and a resize",
+        description="Start a controller and two xsmall replicas on the embedded defaults, "
+        "build a dataflow, kill a replica and the controller with SIGKILL and resize the "
+        "instance under a peek loop, showing that no peek fails; then end every process "
+        "it started. Takes a few minutes.",
+    )
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        metavar="DIR",
+        help="where the data files live (default: a temporary directory, removed at the end)",
+    )
+    p.add_argument(
+        "--keep", action="store_true", help="keep the temporary data directory at the end"
+    )
+    p.set_defaults(run=_run_demo)
 
     instance = group("instance", "create, drop, list and resize compute instances")
     p = leaf(instance, "create", "create an instance", _instance_create, _one(_instances))
