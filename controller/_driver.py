@@ -3,8 +3,8 @@
 Client requests, replica responses, failures and clock ticks all become steps queued to
 the driver task; each step is one synchronous call into the state machine, and the
 driver then carries out the effects it returned, in order. Effects that need the
-catalog (durable holds and sinces) run on a serial worker so they keep their order
-without blocking the loop.
+catalog (durable holds and sinces) run on one worker thread, off the loop, coalesced to
+the latest value per hold or since.
 """
 
 from __future__ import annotations
@@ -57,6 +57,11 @@ class InstanceDriver:
         self._resolve_address = resolve_address  # (replica, attempt) -> address
         self._durable = durable  # records a StorageHold or SinceAdvanced (blocking)
         self._durable_pool = ThreadPoolExecutor(1, thread_name_prefix=f"durable-{instance.config.name}")
+        # Holds and sinces only move forward, so only the latest per (kind, id, holder)
+        # needs writing: the backlog is bounded by the number of keys, however fast
+        # frontiers move (one write per effect fell behind at 100 dataflows).
+        self._durable_pending: dict[tuple, StorageHold | SinceAdvanced] = {}
+        self._durable_flush: asyncio.Task | None = None
         self.connections: dict[str, ReplicaConnection] = {}
         self.peek_waiters: dict[str, asyncio.Future[tuple[PeekResult, str | None]]] = {}
         self._steps: asyncio.Queue[tuple[Step, asyncio.Future | None]] = asyncio.Queue()
@@ -71,7 +76,7 @@ class InstanceDriver:
         self._tasks = [loop.create_task(self._run()), loop.create_task(self._tick())]
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        for task in [*self._tasks, *filter(None, [self._durable_flush])]:
             task.cancel()
         for connection in self.connections.values():
             connection.close()
@@ -158,17 +163,23 @@ class InstanceDriver:
             waiter.set_result((effect.result, effect.replica))
 
     def _record(self, effect: StorageHold | SinceAdvanced) -> None:
-        future = self._durable_pool.submit(self._durable, effect)
-        future.add_done_callback(_log_failure)
+        self._durable_pending[(type(effect), effect.id, getattr(effect, "holder", ""))] = effect
+        if self._durable_flush is None or self._durable_flush.done():
+            self._durable_flush = asyncio.get_running_loop().create_task(self._flush_durable())
+
+    async def _flush_durable(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._durable_pending:
+            batch, self._durable_pending = list(self._durable_pending.values()), {}
+            for effect in batch:
+                try:
+                    await loop.run_in_executor(self._durable_pool, self._durable, effect)
+                except Exception as e:  # logged; the next value for this key supersedes it
+                    log.error("instance %s: recording %s failed: %s", self.name, effect, e)
 
 
 def _response_step(name: str, epoch: int, response: ComputeResponse) -> Step:
     return lambda instance: instance.handle_response(name, epoch, response)
-
-
-def _log_failure(future) -> None:
-    if future.exception() is not None:
-        log.error("recording a hold or since failed: %s", future.exception())
 
 
 _EFFECTS: dict[type, Callable[[InstanceDriver, Any], None]] = {
