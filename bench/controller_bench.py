@@ -6,7 +6,7 @@ state machine's response rate, and peek throughput with one and two replicas.
 Runs, in one temporary directory:
 
 1. Key peek through the controller vs straight to a replica. One `tandem serve` process
-   (tests/controller_harness.ControllerProcess, SQLite catalog) with one managed `xsmall`
+   (controller._process.ControllerProcess, SQLite catalog) with one managed `xsmall`
    replica (local[1], 512m), a source `events(id BIGINT NOT NULL, k STRING, amount
    DOUBLE)` of 10,000 rows (one append; 300 distinct `k`), and the indexed dataflow
    `select id, k, amount from events` keyed by `k` (about 33 rows per key). Then N=300
@@ -82,7 +82,7 @@ import history as h  # noqa: E402
 from catalog import Catalog, default_url  # noqa: E402
 from controller._instance import ComputeInstance, InstanceOptions  # noqa: E402
 from controller.client import Client, TandemError  # noqa: E402
-from controller_harness import ControllerProcess, kill_replicas  # noqa: E402
+from controller._process import ControllerProcess, kill_replicas, wait_until  # noqa: E402
 from protocol import controller_codec as codec  # noqa: E402
 from protocol import controller_pb2 as pb  # noqa: E402
 from protocol import ipc_to_table  # noqa: E402
@@ -159,14 +159,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise TimeoutError(f"waited {timeout:.0f} s for {what}")
 
 
 # --- Part 2: the state machine alone ------------------------------------------------------

@@ -17,7 +17,7 @@ import pytest
 
 from catalog import Catalog, Fenced, default_url
 from controller.client import Client, TandemError
-from controller_harness import ControllerProcess, kill_replicas
+from controller._process import ControllerProcess, kill_replicas, wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -25,14 +25,6 @@ SCHEMA = "id BIGINT NOT NULL, region STRING, amount DOUBLE"
 TOTALS = "select region, sum(amount) as total, count(*) as n from sales group by region"
 
 
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise TimeoutError(f"waited {timeout}s for {what}")
 
 
 def replicas(client: Client, instance: str = "main") -> dict:

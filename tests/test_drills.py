@@ -24,7 +24,7 @@ import pytest
 import history as h
 from catalog import Catalog, Fenced, default_url
 from controller.client import Client, TandemError
-from controller_harness import ControllerProcess, kill_replicas
+from controller._process import ControllerProcess, kill_replicas, wait_until
 from fault_proxy import FaultProxy
 from replica_harness import ReplicaProcess, ScriptedClient
 from replica_service import _spark
@@ -37,13 +37,6 @@ TOTALS = "select region, sum(amount) as total, count(*) as n from sales group by
 REGIONS = ["north", "south", "east", "west"]
 
 
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.2)
-    raise TimeoutError(f"waited {timeout}s for {what}")
 
 
 class Drill:
