@@ -43,7 +43,6 @@ from catalog._records import (
     DataflowInfo,
     InstanceInfo,
     ManifestState,
-    Namespace,
     NewBatch,
     ReplicaInfo,
 )
@@ -317,7 +316,7 @@ class Catalog:
     ) -> CollectionInfo:
         """Record a source with `since = upper = since`. `schema` is stored as given;
         `Storage.create_source` checks and normalizes it first."""
-        conflict = f"a storage collection named {name!r} already exists"
+        conflict = f"a source or materialized view named {name!r} already exists"
         with self._write(conflict=conflict) as session:
             return _collections.create_source(session, name, schema=schema, since=since)
 
@@ -331,10 +330,16 @@ class Catalog:
         with self._read() as session:
             return _collections.get_collection(session, id)
 
-    def collection_by_name(self, name: str, namespace: Namespace = "storage") -> CollectionInfo:
-        """The live collection named `name` in `namespace` ('storage' or 'compute')."""
+    def collection_by_name(self, name: str) -> CollectionInfo:
+        """The live source or materialized view named `name` (an index is found through
+        its instance: `index_by_name`)."""
         with self._read() as session:
-            return _collections.collection_by_name(session, name, namespace)
+            return _collections.collection_by_name(session, name)
+
+    def index_by_name(self, instance: str, name: str) -> CollectionInfo:
+        """The index of `instance` named `name` (exported by its dataflow `name`)."""
+        with self._read() as session:
+            return _collections.index_by_name(session, instance, name)
 
     def list_collections(self, *, include_dropped: bool = False) -> list[CollectionInfo]:
         with self._read() as session:
@@ -363,9 +368,13 @@ class Catalog:
         compaction_window_ms: int | None = None,
     ) -> DataflowInfo:
         """Record a dataflow exporting an index named `name` (keyed by `index_key`)
-        and/or a materialized view named `name`. Imports must be live and readable at
-        `as_of`; indexes only from the same instance."""
-        conflict = f"a dataflow, index or materialized view named {name!r} already exists"
+        and/or a materialized view named `name`. `name` must be free among the dataflows
+        of `instance` and, for a materialized view, among all sources and views. Imports
+        must be live and readable at `as_of`; indexes only from the same instance."""
+        conflict = (
+            f"instance {instance!r} already has a dataflow named {name!r}, or a source or "
+            f"materialized view named {name!r} already exists"
+        )
         with self._write(conflict=conflict) as session:
             return _collections.create_dataflow(
                 session,

@@ -4,9 +4,12 @@ Rules:
 - Ids come from `allocate_id` only (`u1`, `u2`, ...; collections and dataflows share the
   sequence) and are never reused: a dropped collection keeps its row, marked dropped with
   an empty `since`.
-- Names are unique per namespace among live collections: 'storage' (sources and
-  materialized views) and 'compute' (indexes). A dataflow `N` exports an index named `N`,
-  a materialized view named `N`, or both; dataflow names are unique per instance.
+- Dataflow names are unique per instance. A dataflow `N` exports an index named `N`, a
+  materialized view named `N`, or both; so index names ('compute' namespace) are unique
+  per instance only, and two instances may each have an index `totals`. An index is
+  therefore found through its instance (`index_by_name`), never by name alone. Live
+  'storage' names (sources and materialized views, shared by all instances) are unique
+  across the catalog.
 - Nothing is dropped while a live dataflow imports it. A storage collection that is
   dropped loses its batches and holds in the same transaction; their files are retired
   (see `RetiredBlob`) for `Storage.collect_garbage`.
@@ -72,17 +75,18 @@ def collection_row(
     return row
 
 
-def _check_name_free(session: Session, namespace: Namespace, name: str) -> None:
+def _check_storage_name_free(session: Session, name: str) -> None:
     taken = session.scalars(
         select(Collection.id).where(
-            Collection.namespace == namespace,
+            Collection.namespace == STORAGE,
             Collection.name == name,
             Collection.dropped.is_(False),
         )
     ).first()
     if taken is not None:
-        what = "an index" if namespace == COMPUTE else "a storage collection"
-        raise AlreadyExists(f"{what} named {name!r} already exists ({taken})")
+        raise AlreadyExists(
+            f"a source or materialized view named {name!r} already exists ({taken})"
+        )
 
 
 def create_source(session: Session, name: str, *, schema: str, since: Frontier) -> CollectionInfo:
@@ -90,7 +94,7 @@ def create_source(session: Session, name: str, *, schema: str, since: Frontier) 
     check_name("source", name)
     check_text("schema", schema, max_length=1_000_000)
     check_frontier("since", since, allow_empty=False)
-    _check_name_free(session, STORAGE, name)
+    _check_storage_name_free(session, name)
     row = Collection(
         id=allocate_id(session),
         name=name,
@@ -111,17 +115,18 @@ def get_collection(session: Session, id: str) -> CollectionInfo:
     return collection_info(collection_row(session, id, live=False))
 
 
-def collection_by_name(session: Session, name: str, namespace: Namespace) -> CollectionInfo:
+def collection_by_name(session: Session, name: str) -> CollectionInfo:
+    """The live source or materialized view named `name`. Indexes are not found by name
+    alone: their names are unique per instance only (see `index_by_name`)."""
     row = session.scalars(
         select(Collection).where(
-            Collection.namespace == namespace,
+            Collection.namespace == STORAGE,
             Collection.name == name,
             Collection.dropped.is_(False),
         )
     ).one_or_none()
     if row is None:
-        what = "index" if namespace == COMPUTE else "source or materialized view"
-        raise NotFound(f"there is no {what} named {name!r}")
+        raise NotFound(f"there is no source or materialized view named {name!r}")
     return collection_info(row)
 
 
@@ -238,14 +243,14 @@ def create_dataflow(
     if session.get(Instance, instance) is None:
         raise NotFound(f"instance {instance!r} does not exist")
     imported = _check_imports(session, instance, imports, as_of)
+    # The dataflow name is the index name too, so this also keeps index names unique
+    # per instance (uq_dataflows_instance_name_name backs it).
     if session.scalars(
         select(Dataflow.id).where(Dataflow.instance_name == instance, Dataflow.name == name)
     ).first():
         raise AlreadyExists(f"instance {instance!r} already has a dataflow named {name!r}")
-    if key is not None:
-        _check_name_free(session, COMPUTE, name)
     if materialized:
-        _check_name_free(session, STORAGE, name)
+        _check_storage_name_free(session, name)
 
     dataflow_id = allocate_id(session)
     index_id = None if key is None else allocate_id(session)
@@ -305,6 +310,14 @@ def dataflow_by_name(session: Session, instance: str, name: str) -> DataflowInfo
     if row is None:
         raise NotFound(f"instance {instance!r} has no dataflow named {name!r}")
     return dataflow_info(row)
+
+
+def index_by_name(session: Session, instance: str, name: str) -> CollectionInfo:
+    """The index named `name` on `instance`: the one its dataflow `name` exports."""
+    dataflow = dataflow_by_name(session, instance, name)
+    if dataflow.index_id is None:
+        raise NotFound(f"dataflow {name!r} of instance {instance!r} exports no index")
+    return collection_info(collection_row(session, dataflow.index_id))
 
 
 def list_dataflows(session: Session, instance: str | None) -> list[DataflowInfo]:

@@ -157,10 +157,13 @@ class Replica(Base):
 
 class Collection(Base):
     """A timestamped collection. `namespace` is 'storage' for sources and materialized
-    views (durable) and 'compute' for indexes (replica memory); names are unique per
-    namespace among live collections. A dropped collection keeps its row, with `since`
-    set to the empty frontier. `dataflow_id` names the dataflow that exports it (NULL for
-    sources, and once that dataflow is dropped)."""
+    views (durable, shared by all instances) and 'compute' for indexes (replica memory of
+    one instance). Live storage names are unique (`uq_collections_live_storage_name`);
+    an index is named after its dataflow, so index names are unique per instance through
+    the dataflows' (instance_name, name) constraint, and two instances may each have an
+    index named `totals`. A dropped collection keeps its row, with `since` set to the
+    empty frontier. `dataflow_id` names the dataflow that exports it (NULL for sources,
+    and once that dataflow is dropped)."""
 
     __tablename__ = "collections"
     __table_args__ = (
@@ -170,12 +173,11 @@ class Collection(Base):
             name="kind_matches_namespace",
         ),
         Index(
-            "uq_collections_live_name",
-            "namespace",
+            "uq_collections_live_storage_name",
             "name",
             unique=True,
-            sqlite_where=text("NOT dropped"),
-            postgresql_where=text("NOT dropped"),
+            sqlite_where=text("namespace = 'storage' AND NOT dropped"),
+            postgresql_where=text("namespace = 'storage' AND NOT dropped"),
         ),
     )
 

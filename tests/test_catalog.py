@@ -222,7 +222,7 @@ def test_sources_get_fresh_ids_and_unique_names(controller: Catalog, dump) -> No
     refused(
         dump, InvalidArgument, lambda: controller.create_source("o", SCHEMA, since=Frontier.empty())
     )
-    refused(dump, NotFound, lambda: controller.collection_by_name("orders", "compute"))
+    refused(dump, NotFound, lambda: controller.collection_by_name("nope"))
 
 
 def test_a_dropped_name_may_be_reused_but_never_its_id(catalog_url: str) -> None:
@@ -248,7 +248,7 @@ def test_concurrent_creations_of_one_name_leave_one_winner(
 ) -> None:
     """Without the friendly pre-check, the partial unique index alone refuses the losers,
     and they get AlreadyExists too."""
-    monkeypatch.setattr(_collections, "_check_name_free", lambda *args: None)
+    monkeypatch.setattr(_collections, "_check_storage_name_free", lambda *args: None)
     barrier = threading.Barrier(6)
     outcomes: list[str] = []
 
@@ -328,8 +328,8 @@ def test_a_dataflow_records_its_exact_description(controller: Catalog, world) ->
     assert controller.dataflow_by_name("main", "totals") == info
     assert [d.id for d in controller.list_dataflows("main")] == ["u2"]
 
-    index = controller.collection_by_name("totals", "compute")
-    view = controller.collection_by_name("totals", "storage")
+    index = controller.index_by_name("main", "totals")
+    view = controller.collection_by_name("totals")
     assert (index.id, index.kind, index.dataflow_id) == ("u3", "index", "u2")
     assert (view.id, view.kind, view.since, view.upper) == (
         "u4",
@@ -406,8 +406,91 @@ def test_index_and_view_of_one_dataflow_share_its_name_across_namespaces(
         as_of=Frontier(0),
         index_key=["id"],
     )
-    assert controller.collection_by_name("orders", "compute").id == info.index_id
-    assert controller.collection_by_name("orders", "storage").id == world["orders"]
+    assert controller.index_by_name("main", "orders").id == info.index_id
+    assert controller.collection_by_name("orders").id == world["orders"]
+
+
+def test_index_names_are_unique_per_instance(controller: Catalog, world, dump) -> None:  # type: ignore[no-untyped-def]
+    """Both instances may have a dataflow `totals` with an index; one instance may not
+    have two. An index is found through its instance."""
+    mine = controller.get_dataflow(world["totals"])
+    theirs = controller.create_dataflow(
+        "other",
+        "totals",
+        sql="SELECT * FROM o",
+        imports=[Import("o", world["orders"])],
+        schema=SCHEMA,
+        as_of=Frontier(0),
+        index_key=["id"],
+    )
+    assert theirs.index_id is not None and theirs.index_id != mine.index_id
+    assert controller.index_by_name("main", "totals").id == mine.index_id
+    other_index = controller.index_by_name("other", "totals")
+    assert (other_index.name, other_index.kind, other_index.dataflow_id) == (
+        "totals",
+        "index",
+        theirs.id,
+    )
+    assert controller.dataflow_by_name("other", "totals") == theirs
+
+    for instance in ("main", "other"):
+        again = lambda instance=instance: controller.create_dataflow(  # noqa: E731
+            instance,
+            "totals",
+            sql="SELECT * FROM o",
+            imports=[Import("o", world["orders"])],
+            schema=SCHEMA,
+            as_of=Frontier(0),
+            index_key=["id"],
+        )
+        match = f"instance '{instance}' already has a dataflow named 'totals'"
+        refused(dump, AlreadyExists, again, match)
+
+    refused(dump, NotFound, lambda: controller.index_by_name("nope", "totals"))
+    refused(dump, NotFound, lambda: controller.index_by_name("other", "missing"))
+    controller.drop_dataflow(theirs.id)
+    refused(dump, NotFound, lambda: controller.index_by_name("other", "totals"))
+    assert controller.index_by_name("main", "totals").id == mine.index_id
+
+
+def test_an_index_only_dataflow_has_no_index_to_find(controller: Catalog, world, dump) -> None:  # type: ignore[no-untyped-def]
+    controller.create_dataflow(
+        "other",
+        "sink_only",
+        sql="SELECT * FROM o",
+        imports=[Import("o", world["orders"])],
+        schema=SCHEMA,
+        as_of=Frontier(0),
+        materialized=True,
+    )
+    refused(dump, NotFound, lambda: controller.index_by_name("other", "sink_only"), "no index")
+
+
+@pytest.mark.parametrize("name", ["orders", "totals"])
+def test_a_view_name_stays_unique_across_instances(
+    controller: Catalog, world, dump, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:  # type: ignore[no-untyped-def]
+    """A materialized view may not take the name of a live source (`orders`) or view
+    (`totals`, on `main`), from any instance; an index alone may."""
+
+    def create(materialized: bool):  # type: ignore[no-untyped-def]
+        return lambda: controller.create_dataflow(
+            "other",
+            name,
+            sql="SELECT * FROM o",
+            imports=[Import("o", world["orders"])],
+            schema=SCHEMA,
+            as_of=Frontier(0),
+            index_key=["id"],
+            materialized=materialized,
+        )
+
+    refused(dump, AlreadyExists, create(True), "source or materialized view")
+    # Without the pre-check, the partial unique index refuses it just the same.
+    monkeypatch.setattr(_collections, "_check_storage_name_free", lambda *args: None)
+    refused(dump, AlreadyExists, create(True), "source or materialized view")
+    index_only = create(False)()
+    assert controller.index_by_name("other", name).id == index_only.index_id
 
 
 def test_frontiers_of_an_index_only_advance(controller: Catalog, world, dump) -> None:  # type: ignore[no-untyped-def]

@@ -88,9 +88,11 @@ def test_recover_history_rebuilds_the_instance(controller: Catalog) -> None:
             index_key=["id"],
         )
         chain.append(previous)
-    controller.create_dataflow(  # another instance's dataflow stays out
+    # Another instance's dataflow stays out, even named like one of main's (index names
+    # are unique per instance only).
+    elsewhere = controller.create_dataflow(
         "other",
-        "elsewhere",
+        "d0",
         sql="SELECT * FROM o",
         imports=[Import("o", orders.id)],
         schema=SCHEMA,
@@ -130,6 +132,11 @@ def test_recover_history_rebuilds_the_instance(controller: Catalog) -> None:
     state = apply(history)
     assert state.initialized and len(state.dataflows) == 11
     assert all(live.scheduled for live in state.dataflows.values())
+    assert controller.recover_history("other")[1:] == [
+        CreateDataflow(elsewhere.description()),
+        Schedule(elsewhere.export_ids[0]),
+        InitializationComplete(),
+    ]
 
 
 def test_recover_history_of_a_bare_instance(controller: Catalog) -> None:

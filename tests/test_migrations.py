@@ -18,6 +18,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Column, Integer, MetaData, inspect
+from sqlalchemy.exc import IntegrityError
 from workers import open_catalog
 
 from catalog import Catalog, NewBatch, make_engine
@@ -134,6 +135,140 @@ def test_down_to_base_and_up_again_with_data_in_place(catalog_url: str) -> None:
         assert (catalog.controller_epoch(), catalog.read_ts()) == (0, 0)
         catalog.become_controller()
         assert catalog.create_source("orders", "id BIGINT").id == "u1"
+
+
+PER_INSTANCE_INDEX_NAMES = "ed8674a1e99b"  # live names unique among storage only
+
+
+def write_rows(url: str, rows: dict[str, list[dict[str, object]]]) -> None:
+    """Insert `rows` (table name: rows, in foreign-key order) below the Catalog API, so
+    they can be written at any revision whose tables still have these columns."""
+    engine = make_engine(url)
+    try:
+        with engine.begin() as connection:
+            for table, values in rows.items():
+                connection.execute(Base.metadata.tables[table].insert(), values)
+    finally:
+        engine.dispose()
+
+
+def collection(id: str, name: str, kind: str, **fields: object) -> dict[str, object]:
+    namespace = "compute" if kind == "index" else "storage"
+    row = {"id": id, "name": name, "namespace": namespace, "kind": kind, "schema": "id BIGINT"}
+    return {"since": 0, "upper": 0, "dropped": False, "dataflow_id": None, **row, **fields}
+
+
+def test_the_previous_revision_upgrades_with_its_data(catalog_url: str, dump) -> None:  # type: ignore[no-untyped-def]
+    """A catalog written under globally unique index names keeps every row, and then
+    lets a second instance have an index `totals`; storage names stay unique."""
+    previous = ScriptDirectory.from_config(alembic_config()).get_revision(
+        PER_INSTANCE_INDEX_NAMES
+    )
+    command.upgrade(cli_config(catalog_url), previous.down_revision)
+    write_rows(
+        catalog_url,
+        {
+            "instances": [
+                {
+                    "name": "main",
+                    "spark_conf": {},
+                    "min_in_sync": 1,
+                    "max_lag_ms": 0,
+                    "replica_timeout_ms": 1,
+                    "parameters": {},
+                }
+            ],
+            "dataflows": [
+                {
+                    "id": "u2",
+                    "instance_name": "main",
+                    "name": "totals",
+                    "sql": "SELECT * FROM o",
+                    "imports": [{"name": "o", "id": "u1", "kind": "storage"}],
+                    "index_exports": [{"id": "u3", "key": ["id"]}],
+                    "sink_id": "u4",
+                    "schema": "id BIGINT",
+                    "as_of": 0,
+                    "until": None,
+                    "compaction_window_ms": None,
+                }
+            ],
+            "collections": [
+                collection("u1", "orders", "source"),
+                collection("u3", "totals", "index", dataflow_id="u2"),
+                collection("u4", "totals", "materialized_view", dataflow_id="u2"),
+                collection("u5", "totals", "index", since=None, dropped=True),
+            ],
+        },
+    )
+    engine = make_engine(catalog_url)
+    with engine.begin() as connection:
+        connection.execute(Base.metadata.tables["id_allocator"].update().values(next_id=6))
+    engine.dispose()
+    before = dump()
+
+    command.upgrade(cli_config(catalog_url), "head")
+    assert dump() == before
+    assert differences(catalog_url) == []
+    with Catalog.open(catalog_url) as catalog:
+        catalog.become_controller()
+        assert catalog.index_by_name("main", "totals").id == "u3"
+        assert catalog.collection_by_name("totals").id == "u4"
+        assert len(catalog.recover_history("main")) == 4  # instance, dataflow, schedule, done
+        catalog.create_instance("other")
+        theirs = catalog.create_dataflow(
+            "other",
+            "totals",
+            sql="SELECT * FROM o",
+            imports=[Import("o", "u1")],
+            schema="id BIGINT",
+            as_of=Frontier(0),
+            index_key=["id"],
+        )
+        assert catalog.index_by_name("other", "totals").id == theirs.index_id == "u7"
+    # The storage half of the new index, below the catalog's own checks.
+    with pytest.raises(IntegrityError):
+        write_rows(catalog_url, {"collections": [collection("u99", "orders", "source")]})
+
+
+def test_the_downgrade_waits_until_index_names_are_unique_again(catalog_url: str, dump) -> None:  # type: ignore[no-untyped-def]
+    with Catalog.open(catalog_url) as catalog:
+        catalog.become_controller()
+        source = catalog.create_source("orders", "id BIGINT")
+        shared = []
+        for instance in ("main", "other"):
+            catalog.create_instance(instance)
+            shared.append(
+                catalog.create_dataflow(
+                    instance,
+                    "totals",
+                    sql="SELECT * FROM o",
+                    imports=[Import("o", source.id)],
+                    schema="id BIGINT",
+                    as_of=Frontier(0),
+                    index_key=[],
+                )
+            )
+    previous = ScriptDirectory.from_config(alembic_config()).get_revision(
+        PER_INSTANCE_INDEX_NAMES
+    )
+    before = dump()
+    with pytest.raises(RuntimeError, match=r"indexes named \['totals'\]"):
+        command.downgrade(cli_config(catalog_url), previous.down_revision)
+    assert dump() == before
+    assert differences(catalog_url) == []
+
+    with Catalog.open(catalog_url) as catalog:
+        catalog.become_controller()
+        catalog.drop_dataflow(shared[1].id)
+    command.downgrade(cli_config(catalog_url), previous.down_revision)
+    # The old index is back: live index names are unique across instances again.
+    with pytest.raises(IntegrityError):
+        write_rows(catalog_url, {"collections": [collection("u99", "totals", "index")]})
+    command.upgrade(cli_config(catalog_url), "head")
+    assert differences(catalog_url) == []
+    with Catalog.open(catalog_url) as catalog:
+        assert catalog.index_by_name("main", "totals").id == shared[0].index_id
 
 
 def test_open_upgrades_an_empty_database_and_then_does_nothing(catalog_url: str) -> None:
