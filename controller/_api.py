@@ -14,6 +14,7 @@ from typing import Literal, Mapping, Protocol, Sequence
 import pyarrow as pa
 
 from history import OrderBy, Predicate, Scalar
+from protocol import ipc_to_table
 
 StatusCode = Literal[
     "NOT_FOUND",
@@ -106,11 +107,18 @@ class DataflowView:
 @dataclass(frozen=True, slots=True)
 class ReadResult:
     """The rows of a peek or query, the time they are correct at, and the replica that
-    answered first."""
+    answered first.
 
-    rows: pa.Table
+    The rows stay the Arrow IPC stream the replica sent: the gRPC service forwards those
+    bytes as they are, and only an in-process caller decodes them (`rows`)."""
+
+    arrow_ipc: bytes
     timestamp: int
     replica: str | None
+
+    @property
+    def rows(self) -> pa.Table:
+        return ipc_to_table(self.arrow_ipc)
 
 
 class ControllerApi(Protocol):

@@ -1,8 +1,9 @@
-"""The asyncio driver of one instance: the only task that touches its `ComputeInstance`.
+"""The asyncio driver of one instance: every change to its `ComputeInstance` goes through it.
 
-Client requests, replica responses, failures and clock ticks all become steps queued to
-the driver task; each step is one synchronous call into the state machine, and the
-driver then carries out the effects it returned, in order. Effects that need the
+Client requests, replica responses, failures and clock ticks all become steps; each step
+is one synchronous call into the state machine, after which the driver carries out the
+effects it returned, in order. Steps run one at a time in arrival order: at once when
+nothing is queued, else queued to the driver task. Effects that need the
 catalog (durable holds and sinces) run on one worker thread, off the loop, coalesced to
 the latest value per hold or since.
 """
@@ -65,6 +66,7 @@ class InstanceDriver:
         self.connections: dict[str, ReplicaConnection] = {}
         self.peek_waiters: dict[str, asyncio.Future[tuple[PeekResult, str | None]]] = {}
         self._steps: asyncio.Queue[tuple[Step, asyncio.Future | None]] = asyncio.Queue()
+        self._stepping = False
         self._tasks: list[asyncio.Task] = []
 
     @property
@@ -86,34 +88,56 @@ class InstanceDriver:
     # --- Steps --------------------------------------------------------------------------
 
     async def call(self, step: Step) -> Any:
-        """Run `step` on the driver task and return its result (effects are carried out).
+        """Run `step` on the instance and return its result (effects are carried out).
 
         An `InstanceError` raised by the step becomes a `ControllerError`; the instance is
         unchanged by a refused step."""
+        if self._may_run_now():
+            return self._execute(step)
         future = asyncio.get_running_loop().create_future()
         self._steps.put_nowait((step, future))
         return await future
 
     def post(self, step: Step) -> None:
-        """Queue `step` without waiting for it (responses, failures)."""
-        self._steps.put_nowait((step, None))
+        """Run `step` without waiting for its result (responses, failures)."""
+        if self._may_run_now():
+            try:
+                self._execute(step)
+            except Exception:  # logged by _execute, or a refusal no one waits for
+                pass
+        else:
+            self._steps.put_nowait((step, None))
+
+    def _may_run_now(self) -> bool:
+        """A step may run in the caller when no queued step would be overtaken and none is
+        running: steps are synchronous and all on this event loop, so running it now is
+        the same as queuing it, less two task switches on every peek."""
+        return not self._stepping and self._steps.empty()
+
+    def _execute(self, step: Step) -> Any:
+        self._stepping = True
+        try:
+            result = step(self.instance)
+        except InstanceError as e:
+            raise ControllerError(e.code, str(e)) from None
+        except Exception:  # a bug: the instance task lives on, the caller fails
+            log.exception("instance %s: step failed", self.name)
+            raise
+        finally:
+            self._stepping = False
+        effects, value = result if isinstance(result, tuple) else (result, None)
+        self._apply(effects or [])
+        return value
 
     async def _run(self) -> None:
         while True:
             step, future = await self._steps.get()
             try:
-                result = step(self.instance)
-            except InstanceError as e:
-                if future is not None:
-                    future.set_exception(ControllerError(e.code, str(e)))
-                continue
-            except Exception as e:  # a bug: keep the instance task alive, fail the caller
-                log.exception("instance %s: step failed", self.name)
+                value = self._execute(step)
+            except Exception as e:
                 if future is not None:
                     future.set_exception(e)
                 continue
-            effects, value = result if isinstance(result, tuple) else (result, None)
-            self._apply(effects or [])
             if future is not None and not future.done():
                 future.set_result(value)
 

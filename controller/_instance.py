@@ -22,7 +22,7 @@ Rules (DESIGN section 6):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Mapping, Union
+from typing import Iterable, Literal, Mapping, Union
 
 from history import (
     AllowCompaction,
@@ -174,6 +174,7 @@ class CollectionState:
 class DataflowState:
     desc: DataflowDescription
     compaction_window_ms: int
+    export_ids: tuple[str, ...]  # desc.export_ids, computed once: holds are recomputed often
     scheduled: bool = False
     input_holds: dict[str, Frontier] = field(default_factory=dict)  # import id -> hold
 
@@ -211,6 +212,10 @@ class ComputeInstance:
         self.replicas: dict[str, ReplicaState] = {}
         self.collections: dict[str, CollectionState] = {}
         self.dataflows: dict[str, DataflowState] = {}  # first export id -> dataflow
+        # Live (not dropped) dataflow name -> first export id, so a peek by name needs no
+        # catalog read. A dropped dataflow leaves at once, though it lingers in
+        # `dataflows` while peeks still hold it.
+        self.names: dict[str, str] = {}
         self.peeks: dict[str, PendingPeek] = {}
         self.late_peek_responses = 0
         self.now_ms = 0
@@ -276,7 +281,7 @@ class ComputeInstance:
         replica.frontiers.clear()
         replica.as_ofs.clear()
         replica.status = None
-        return [Disconnect(name, epoch), *self._update_holds(), *self.maintain()]
+        return [Disconnect(name, epoch), *self.maintain()]
 
     def _replica(self, name: str) -> ReplicaState:
         replica = self.replicas.get(name)
@@ -309,7 +314,8 @@ class ComputeInstance:
             return []  # a regression (or a repeat) is ignored
         replica.frontiers[response.id] = response.write_frontier
         collection.write_frontier = collection.write_frontier.join(response.write_frontier)
-        return self._update_holds()
+        # W moves c's implied hold; the replica's frontier moves its dataflow's input holds.
+        return self._update_holds([collection.id], [collection.dataflow])
 
     def _peek_response(self, replica: ReplicaState, response: PeekResponse) -> list[Effect]:
         pending = self.peeks.get(response.uuid)
@@ -324,9 +330,10 @@ class ComputeInstance:
         pending = self.peeks.pop(uuid)
         effects: list[Effect] = [PeekDone(uuid, result, replica)]
         effects += self._send(CancelPeek(uuid))
-        for id in pending.peek.target.collection_ids:
+        targets = pending.peek.target.collection_ids
+        for id in targets:
             self.collections[id].holds.pop(f"peek:{uuid}", None)
-        return effects + self._update_holds()
+        return effects + self._update_holds(targets, ())
 
     # --- Client commands --------------------------------------------------------------
 
@@ -349,9 +356,12 @@ class ComputeInstance:
                     raise InstanceError("NOT_FOUND", f"index {source.id} ({source.name}) is not in instance {self.config.name!r}")
                 if not (upstream.since <= desc.as_of):
                     raise InstanceError("FAILED_PRECONDITION", f"index {source.name} is compacted to {upstream.since}, past as_of {desc.as_of}")
+        if desc.name in self.names:
+            raise InstanceError("ALREADY_EXISTS", f"a dataflow named {desc.name!r} already exists in instance {self.config.name!r}")
         key = desc.export_ids[0]
-        dataflow = DataflowState(desc, compaction_window_ms)
+        dataflow = DataflowState(desc, compaction_window_ms, desc.export_ids)
         self.dataflows[key] = dataflow
+        self.names[desc.name] = key
         for id in desc.export_ids:
             implied = desc.as_of.join((sinces or {}).get(id, desc.as_of))
             self.collections[id] = CollectionState(
@@ -379,8 +389,8 @@ class ComputeInstance:
             d.desc.name
             for k, d in self.dataflows.items()
             if k != id
-            and any(i.id in dataflow.desc.export_ids for i in d.desc.imports)
-            and any("implied" in self.collections[e].holds for e in d.desc.export_ids)  # not dropped itself
+            and any(i.id in dataflow.export_ids for i in d.desc.imports)
+            and any("implied" in self.collections[e].holds for e in d.export_ids)  # not dropped itself
         ]
         if dependents:
             raise InstanceError("FAILED_PRECONDITION", f"dataflow {dataflow.desc.name} is used by {', '.join(sorted(dependents))}; drop those first")
@@ -389,9 +399,18 @@ class ComputeInstance:
         """Release the dataflow's implied holds; it vanishes once nothing else holds it."""
         self.check_drop_dataflow(id)
         dataflow = self.dataflows[id]
-        for export_id in dataflow.desc.export_ids:
+        if self.names.get(dataflow.desc.name) == id:
+            del self.names[dataflow.desc.name]
+        for export_id in dataflow.export_ids:
             self.collections[export_id].holds.pop("implied", None)
         return self.maintain()
+
+    def dataflow_named(self, name: str) -> DataflowState:
+        """The live dataflow called `name`; NOT_FOUND once it has been dropped."""
+        key = self.names.get(name)
+        if key is None:
+            raise InstanceError("NOT_FOUND", f"instance {self.config.name!r} has no dataflow named {name!r}")
+        return self.dataflows[key]
 
     def update_configuration(self, parameters: ComputeParameters) -> list[Effect]:
         return self._send(UpdateConfiguration(parameters))
@@ -480,9 +499,9 @@ class ComputeInstance:
         """Forget dataflows whose every export has been compacted to the empty frontier."""
         effects: list[Effect] = []
         for key, dataflow in list(self.dataflows.items()):
-            if all(self.collections[id].since.is_empty for id in dataflow.desc.export_ids):
+            if all(self.collections[id].since.is_empty for id in dataflow.export_ids):
                 del self.dataflows[key]
-                for id in dataflow.desc.export_ids:
+                for id in dataflow.export_ids:
                     del self.collections[id]
                     for replica in self.replicas.values():
                         replica.frontiers.pop(id, None)
@@ -492,45 +511,56 @@ class ComputeInstance:
                         effects.append(StorageHold(source.id, self._holder(key), Frontier.empty()))
                     elif source.id in self.collections:
                         self.collections[source.id].holds.pop(f"dataflow:{key}", None)
-                        effects += self._update_holds()
+                        effects += self._update_holds([source.id], ())
         return effects
 
-    def _update_holds(self) -> list[Effect]:
-        """Forward implied holds, recompute every since, and let inputs' holds follow.
+    def _update_holds(self, collections: Iterable[str] | None = None, dataflows: Iterable[str] | None = None) -> list[Effect]:
+        """Forward implied holds, recompute sinces, and let inputs' holds follow, starting
+        from `collections` and `dataflows` (None: all of them).
 
-        Runs to a fixed point: a since that advances can release a hold on an input,
-        whose since can then advance in turn. Holds only move forward.
+        A worklist run to a fixed point: a collection whose since advances dirties its
+        dataflow (which holds its inputs at that since); a dataflow whose hold on an index
+        advances dirties that index. Holds only move forward, so it ends. Callers name
+        what their change can affect: a frontier report touches one collection and its
+        dataflow, not the whole instance.
         """
+        dirty_collections = dict.fromkeys(self.collections if collections is None else collections)
+        dirty_dataflows = dict.fromkeys(self.dataflows if dataflows is None else dataflows)
         effects: list[Effect] = []
-        changed = True
-        while changed:
-            changed = False
-            for collection in self.collections.values():
-                implied = collection.holds.get("implied")
-                if implied is not None and not collection.write_frontier.is_empty:
-                    target = collection.write_frontier.step_back(1 + collection.compaction_window_ms)
-                    collection.holds["implied"] = implied.join(target)
-                since = meet_all(collection.holds.values()).join(collection.since)
-                if since != collection.since:
-                    collection.since = since
-                    changed = True
-                    effects += self._send(AllowCompaction(collection.id, since))
-                    effects.append(SinceAdvanced(collection.id, since))
-            for key, dataflow in self.dataflows.items():
-                effects += self._forward_input_holds(key, dataflow)
-            # A hold forwarded onto an input (by a replica's report, with no since
-            # changing above) may let that input's since advance in turn.
-            changed = changed or any(
-                meet_all(c.holds.values()).join(c.since) != c.since for c in self.collections.values()
-            )
+        while dirty_collections or dirty_dataflows:
+            while dirty_collections:
+                collection = self.collections.get(dirty_collections.popitem()[0])
+                if collection is not None and self._advance_since(collection, effects):
+                    dirty_dataflows[collection.dataflow] = None
+            while dirty_dataflows:
+                key = dirty_dataflows.popitem()[0]
+                dataflow = self.dataflows.get(key)
+                if dataflow is not None:
+                    effects += self._forward_input_holds(key, dataflow, dirty_collections)
         return effects
 
-    def _forward_input_holds(self, key: str, dataflow: DataflowState) -> list[Effect]:
+    def _advance_since(self, collection: CollectionState, effects: list[Effect]) -> bool:
+        """Forward `collection`'s implied hold to its W and its since to the meet of its
+        holds; True (and the effects appended) iff the since advanced."""
+        implied = collection.holds.get("implied")
+        write = collection.write_frontier
+        if implied is not None and not write.is_empty:
+            collection.holds["implied"] = implied.join(write.step_back(1 + collection.compaction_window_ms))
+        since = meet_all(collection.holds.values()).join(collection.since)
+        if since == collection.since:
+            return False
+        collection.since = since
+        effects += self._send(AllowCompaction(collection.id, since))
+        effects.append(SinceAdvanced(collection.id, since))
+        return True
+
+    def _forward_input_holds(self, key: str, dataflow: DataflowState, dirty_collections: dict[str, None]) -> list[Effect]:
         """A dataflow holds its inputs at its own since, and each replica holds them at
-        its own write frontier, so a replica that lags can still read what it needs."""
-        hold = meet_all(self.collections[id].since for id in dataflow.desc.export_ids)
+        its own write frontier, so a replica that lags can still read what it needs.
+        An index input whose hold moved is marked in `dirty_collections`."""
+        hold = meet_all(self.collections[id].since for id in dataflow.export_ids)
         for replica in self.replicas.values():
-            for id in dataflow.desc.export_ids:
+            for id in dataflow.export_ids:
                 if id in replica.frontiers:
                     hold = hold.meet(replica.frontiers[id])
                 elif replica.phase == "active":
@@ -548,6 +578,7 @@ class ComputeInstance:
                 upstream = self.collections.get(source.id)
                 if upstream is not None:
                     upstream.holds[f"dataflow:{key}"] = new
+                    dirty_collections[source.id] = None
             else:
                 effects.append(StorageHold(source.id, self._holder(key), new))
         return effects

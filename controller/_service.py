@@ -232,7 +232,7 @@ class ControllerServicer(pb_grpc.ControllerServicer):
         with _decoding():
             instance, name, options = codec.peek_from_proto(request)
         result = await self._api.peek(instance, name, **options)
-        return codec.read_result_to_proto(result.rows, result.timestamp, result.replica)
+        return codec.read_result_to_proto(result.arrow_ipc, result.timestamp, result.replica)
 
     @_rpc
     async def Query(self, request: pb.QueryRequest) -> pb.ReadResult:
@@ -245,7 +245,7 @@ class ControllerServicer(pb_grpc.ControllerServicer):
             consistency=consistency,
             **codec.present_fields(request, "timeout_ms"),
         )
-        return codec.read_result_to_proto(result.rows, result.timestamp, result.replica)
+        return codec.read_result_to_proto(result.arrow_ipc, result.timestamp, result.replica)
 
     @_rpc
     async def Status(self, request: pb.StatusRequest) -> pb.StatusResponse:

@@ -22,8 +22,6 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
-import pyarrow as pa
-
 from catalog import (
     AlreadyExists,
     Catalog,
@@ -47,25 +45,11 @@ from controller._api import (
     SourceView,
 )
 from controller._driver import InstanceDriver
-from controller._instance import ComputeInstance, Effect, InstanceOptions, SinceAdvanced, StorageHold
-from controller._orchestrator import SIZES, Orchestrator, size_of
+from controller._instance import ComputeInstance, Effect, InstanceError, InstanceOptions, SinceAdvanced, StorageHold
+from controller._orchestrator import Orchestrator, size_of
 from controller._planner import Planner
-from history import (
-    Frontier,
-    Import,
-    IndexTarget,
-    OrderBy,
-    Peek,
-    PeekCanceled,
-    PeekError,
-    PeekRows,
-    Predicate,
-    RowSetFinishing,
-    Scalar,
-    SqlTarget,
-)
-from protocol import ipc_to_table
-from storage import Storage, normalize_ddl
+from history import Frontier, Import, IndexTarget, Peek, PeekCanceled, PeekRows, RowSetFinishing, SqlTarget
+from storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -287,14 +271,14 @@ class Controller:
         return _source_view(info)
 
     async def append(self, source: str, rows) -> int:
-        info = await _blocking(self.catalog.collection_by_name, source, "storage")
+        info = await _blocking(self.catalog.collection_by_name, source)
         if info.kind != "source":
             raise ControllerError("INVALID_ARGUMENT", f"{source} is a materialized view; only sources take appends")
         async with self._source_writes:
             return await _blocking(self.storage.append, info.id, rows)
 
     async def drop_source(self, name: str) -> None:
-        info = await _blocking(self.catalog.collection_by_name, name, "storage")
+        info = await _blocking(self.catalog.collection_by_name, name)
         await _blocking(self.catalog.drop_source, info.id)
 
     async def list_sources(self) -> list[SourceView]:
@@ -374,7 +358,7 @@ class Controller:
                 if collection is not None:
                     return Import(table, dataflow.index_id, "index"), dataflow.schema, collection.since, collection.write_frontier
         try:
-            info = await _blocking(self.catalog.collection_by_name, table, "storage")
+            info = await _blocking(self.catalog.collection_by_name, table)
         except ControllerError:
             raise ControllerError("NOT_FOUND", f"no source, materialized view or index of instance {driver.name!r} is named {table!r}") from None
         return Import(table, info.id, "storage"), info.schema, info.since, info.upper
@@ -395,9 +379,14 @@ class Controller:
 
     async def peek(self, instance, name, *, key=None, where=(), order_by=(), limit=None, offset=0, columns=None, timestamp=None, consistency="serializable", timeout_ms=30_000) -> ReadResult:
         driver = self._driver(instance)
-        info = await _blocking(self.catalog.dataflow_by_name, instance, name)
-        if info.index_id is None:
-            raise ControllerError("FAILED_PRECONDITION", f"dataflow {name!r} has no index to peek; it only writes a materialized view")
+
+        def index_target(inst: ComputeInstance) -> IndexTarget:
+            # Resolved by the instance, in the step that issues the peek: no catalog read.
+            dataflow = inst.dataflow_named(name)
+            if not dataflow.desc.index_exports:
+                raise InstanceError("FAILED_PRECONDITION", f"dataflow {name!r} has no index to peek; it only writes a materialized view")
+            return IndexTarget(dataflow.desc.index_exports[0].id)
+
         finishing = RowSetFinishing(
             key=None if key is None else tuple(key),
             filter=tuple(where),
@@ -406,7 +395,7 @@ class Controller:
             limit=limit,
             projection=None if columns is None else tuple(columns),
         )
-        return await self._read(driver, IndexTarget(info.index_id), finishing, timestamp, consistency, timeout_ms)
+        return await self._read(driver, index_target, finishing, timestamp, consistency, timeout_ms)
 
     async def query(self, instance, sql, *, timestamp=None, consistency="serializable", timeout_ms=30_000) -> ReadResult:
         driver = self._driver(instance)
@@ -420,9 +409,18 @@ class Controller:
             imports.append(source)
             schemas[table] = schema
         await asyncio.to_thread(self.planner.analyze, sql, schemas, conf)
-        return await self._read(driver, SqlTarget(sql, tuple(imports)), RowSetFinishing(), timestamp, consistency, timeout_ms)
+        target = SqlTarget(sql, tuple(imports))
+        return await self._read(driver, lambda inst: target, RowSetFinishing(), timestamp, consistency, timeout_ms)
 
-    async def _read(self, driver: InstanceDriver, target, finishing: RowSetFinishing, timestamp: int | None, consistency: Consistency, timeout_ms: int) -> ReadResult:
+    async def _read(
+        self,
+        driver: InstanceDriver,
+        resolve_target: Callable[[ComputeInstance], IndexTarget | SqlTarget],
+        finishing: RowSetFinishing,
+        timestamp: int | None,
+        consistency: Consistency,
+        timeout_ms: int,
+    ) -> ReadResult:
         if consistency not in ("serializable", "strict"):
             raise ControllerError("INVALID_ARGUMENT", f"consistency must be 'serializable' or 'strict', not {consistency!r}")
         if timestamp is None and consistency == "strict":
@@ -431,6 +429,7 @@ class Controller:
         waiter = asyncio.get_running_loop().create_future()
 
         def issue(instance: ComputeInstance):
+            target = resolve_target(instance)
             chosen = timestamp
             if chosen is None:
                 chosen = max(instance.readable_time(id) for id in target.collection_ids)
@@ -451,7 +450,7 @@ class Controller:
                 f"no replica answered the read at {chosen} within {timeout_ms} ms (instance {driver.name!r} is {driver.instance.state()})",
             ) from None
         if isinstance(result, PeekRows):
-            return ReadResult(ipc_to_table(result.arrow_ipc), chosen, replica)
+            return ReadResult(result.arrow_ipc, chosen, replica)
         if isinstance(result, PeekCanceled):
             raise ControllerError("UNAVAILABLE", "the read was canceled")
         raise ControllerError("FAILED_PRECONDITION", result.message)

@@ -54,13 +54,21 @@ class Frontier:
         """True iff every update at `time` is known (`time < frontier`)."""
         return not self.includes(time)
 
+    # meet and join compare times directly rather than through `_key`: they are the
+    # controller's inner loop (every frontier report recomputes holds with them).
     def meet(self, other: Frontier) -> Frontier:
         """Greatest lower bound: the smaller frontier."""
-        return other if self._key() > other._key() else self
+        mine, theirs = self.time, other.time
+        if mine is None:
+            return other
+        return self if theirs is None or mine <= theirs else other
 
     def join(self, other: Frontier) -> Frontier:
         """Least upper bound: the larger frontier."""
-        return other if self._key() < other._key() else self
+        mine, theirs = self.time, other.time
+        if mine is None:
+            return self
+        return other if theirs is None or theirs > mine else self
 
     def step_back(self, by: int = 1) -> Frontier:
         """The frontier `by` ticks earlier, saturating at the minimum; empty stays empty.

@@ -261,8 +261,9 @@ def peek_from_proto(request: pb.PeekRequest) -> tuple[str, str, dict[str, Any]]:
     return request.instance, request.name, options
 
 
-def read_result_to_proto(rows: pa.Table, timestamp: int, replica: str | None) -> pb.ReadResult:
-    return pb.ReadResult(rows_arrow=table_to_ipc(rows), timestamp=timestamp, replica=replica)
+def read_result_to_proto(arrow_ipc: bytes, timestamp: int, replica: str | None) -> pb.ReadResult:
+    """`arrow_ipc` is passed through as the replica encoded it: no decode, no re-encode."""
+    return pb.ReadResult(rows_arrow=arrow_ipc, timestamp=timestamp, replica=replica)
 
 
 def read_result_from_proto(message: pb.ReadResult) -> tuple[pa.Table, int, str | None]:

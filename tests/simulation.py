@@ -1281,12 +1281,29 @@ class Simulation:
             if state not in HEALTH_STATES:
                 self.fail(f"health {state!r}")
             self._check_hydration()
+            self._check_holds_at_fixed_point()
             pushed = (self.generation, instance.history.pushed)
             if pushed != self._reduced_checked:  # only when something was pushed
                 self._reduced_checked = pushed
                 reduced = reduce_commands(instance.history.commands)
                 if len(reduced) > bound:
                     self.fail(f"reduced history length {len(reduced)} > {bound}: {reduced}")
+
+    def _check_holds_at_fixed_point(self) -> None:
+        """The instance updates holds from what a step touched; a recomputation from every
+        collection and dataflow must find nothing left to move (else a hold is stuck)."""
+        instance = self.instance
+
+        def holds() -> tuple:
+            return (
+                {id: (dict(c.holds), c.since) for id, c in instance.collections.items()},
+                {key: dict(d.input_holds) for key, d in instance.dataflows.items()},
+            )
+
+        before = holds()
+        effects = instance._update_holds()
+        if effects or holds() != before:
+            self.fail(f"holds were not at their fixed point: a full update moved them ({effects})")
 
     def _check_input_holds(self) -> None:
         """An input's since never passes the write frontier any active replica reported

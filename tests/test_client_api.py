@@ -41,7 +41,7 @@ from controller._api import (
 from controller._service import ControllerServer
 from controller.client import Client, TandemError
 from history import OrderBy, Predicate
-from protocol import ProtocolError
+from protocol import ProtocolError, table_to_ipc
 from protocol import controller_codec as codec
 from protocol import controller_pb2 as pb
 from protocol import controller_pb2_grpc as pb_grpc
@@ -379,7 +379,7 @@ class FakeApi:
         rows = rows[offset:][:limit]
         table = pa.Table.from_pylist(rows, schema=schema)
         table = table.select(list(columns)) if columns is not None else table
-        return ReadResult(table, self.clock - 1 if timestamp is None else timestamp, replica)
+        return ReadResult(table_to_ipc(table), self.clock - 1 if timestamp is None else timestamp, replica)
 
     async def query(
         self, instance, sql, *, timestamp=None, consistency="serializable", timeout_ms=30_000
@@ -395,7 +395,7 @@ class FakeApi:
         self._instance(instance)
         table = pa.table({"sql": [sql], "consistency": [consistency]})
         return ReadResult(
-            table, self.clock - 1 if timestamp is None else timestamp, self._answerer(instance)
+            table_to_ipc(table), self.clock - 1 if timestamp is None else timestamp, self._answerer(instance)
         )
 
     async def status(self, instance=None):

@@ -80,6 +80,7 @@ def test_bad_input_gets_the_right_status_and_writes_nothing(cluster):
         (lambda: client.create_dataflow("main", "clock", "select id, current_timestamp() as t from sales"), grpc.StatusCode.INVALID_ARGUMENT),
         (lambda: client.create_dataflow("main", "ghost", "select * from missing_table"), grpc.StatusCode.NOT_FOUND),
         (lambda: client.create_dataflow("main", "badkey", TOTALS, index_key=["nope"]), grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: client.create_dataflow("main", "totals", TOTALS, index_key=["region"]), grpc.StatusCode.ALREADY_EXISTS),
         (lambda: client.append("sales", [{"id": "not a number", "region": "x", "amount": 1.0}]), grpc.StatusCode.INVALID_ARGUMENT),
         (lambda: client.append("sales", [{"id": None, "region": "x", "amount": 1.0}]), grpc.StatusCode.INVALID_ARGUMENT),
         (lambda: client.peek("main", "totals", timestamp=0), grpc.StatusCode.FAILED_PRECONDITION),
@@ -99,8 +100,11 @@ def test_drop_replica_below_min_in_sync_is_refused_without_force(cluster):
     client: Client = cluster["client"]
     client.create_instance("solo", min_in_sync=1)
     client.add_replica("solo", "only", size="xsmall")
-    client.create_dataflow("solo", "solo_totals", TOTALS, index_key=["region"])
+    # Dataflow (and index) names are per instance: "main" has a "totals" too.
+    client.create_dataflow("solo", "totals", "select region, count(*) as n from sales group by region", index_key=["region"])
     wait_until(lambda: client.status("solo")[0].replicas[0].in_sync, 120, "the replica in sync")
+    assert client.peek("solo", "totals", key="north").rows == [{"region": "north", "n": 5}]
+    assert client.peek("main", "totals", key="north").rows == [{"region": "north", "total": 20.0, "n": 5}]
     with pytest.raises(TandemError) as error:
         client.drop_replica("solo", "only")
     assert error.value.code == grpc.StatusCode.FAILED_PRECONDITION and "min_in_sync" in error.value.message
