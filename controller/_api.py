@@ -66,6 +66,8 @@ class ReplicaView:
     peeks_won: int
     dataflows_kept: int
     dataflows_built: int
+    resumes: int  # incarnations that resumed their session: sent only what they missed
+    replays: int  # incarnations that started a new session: replayed the reduced history
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,11 @@
 """One controller-to-replica connection: a `grpc.aio` stream for one replica incarnation.
 
-The task connects (retrying with tenacity backoff until it is cancelled), sends `Hello`,
-reports `connected`, then writes queued commands and reports every response. It ends on
-the first failure (a broken stream, a refused send, a refusal) after reporting it: the
-instance then rehydrates the replica as a new incarnation with a new connection.
+The task connects (retrying with tenacity backoff until it is cancelled), sends `Hello`
+(offering to resume the replica's session, if the instance asked), reports `connected`
+with the replica's `HelloAck`, then writes queued commands and reports every response.
+It ends on the first failure (a broken stream, a refused send, a refusal, no `HelloAck`)
+after reporting it: the instance then rehydrates the replica as a new incarnation with a
+new connection.
 """
 
 from __future__ import annotations
@@ -17,12 +19,13 @@ from typing import Awaitable, Callable
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
-from history import ComputeCommand, ComputeResponse, Hello
-from protocol import ProtocolError, Refusal, command_to_proto, compute_pb2_grpc, response_from_proto
+from history import ComputeCommand, ComputeResponse, Hello, Resume
+from protocol import HelloAck, ProtocolError, Refusal, command_to_proto, compute_pb2_grpc, response_from_proto
 
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+HANDSHAKE_TIMEOUT_S = 10.0  # a live replica answers Hello from its event loop at once
 
 
 class ConnectFailed(Exception):
@@ -37,8 +40,9 @@ class ReplicaConnection:
     replica: str
     epoch: int  # the replica's incarnation, as the instance numbers it
     controller_epoch: int
+    resume: Resume | None
     resolve_address: Callable[[int], Awaitable[str]]  # attempt number -> address
-    on_connected: Callable[[], None]
+    on_connected: Callable[[str, HelloAck], None]  # (this connection's nonce, the answer)
     on_response: Callable[[ComputeResponse], None]
     on_failure: Callable[[str], None]
     commands: asyncio.Queue[ComputeCommand] = field(default_factory=asyncio.Queue)
@@ -79,9 +83,13 @@ class ReplicaConnection:
                         await channel.close()
                         raise ConnectFailed(f"{address}: {e!r}") from None
             call = compute_pb2_grpc.ComputeReplicaStub(channel).CommandStream()
-            await call.write(command_to_proto(Hello(self.controller_epoch, self.nonce)))
-            self.on_connected()
-            reason = await self._pump(call)
+            await call.write(command_to_proto(Hello(self.controller_epoch, self.nonce, self.resume)))
+            answer = await self._handshake(call)
+            if isinstance(answer, HelloAck):
+                self.on_connected(self.nonce, answer)
+                reason = await self._pump(call)
+            else:
+                reason = answer
         except asyncio.CancelledError:
             if channel is not None:
                 await channel.close()
@@ -93,14 +101,32 @@ class ReplicaConnection:
         log.warning("replica %s (epoch %d): %s", self.replica, self.epoch, reason)
         self.on_failure(reason)
 
+    async def _handshake(self, call) -> HelloAck | str:
+        """The replica's answer to `Hello`, or why there is none."""
+        try:
+            message = await asyncio.wait_for(call.read(), HANDSHAKE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            return f"no answer to Hello within {HANDSHAKE_TIMEOUT_S:.0f} s"
+        if message is grpc.aio.EOF:
+            return "the replica closed the stream before answering Hello"
+        _, answer = response_from_proto(message)
+        if isinstance(answer, Refusal):
+            return f"refused ({answer.code}): {answer.message}"
+        if not isinstance(answer, HelloAck):
+            return f"protocol violation: {type(answer).__name__} before HelloAck"
+        return answer
+
     async def _pump(self, call) -> str:
-        """Write queued commands and read responses until one side fails; the reason."""
+        """Write queued commands and read responses until one side fails; the reason.
+        (`read()`, as in the handshake: grpc.aio refuses to mix it with iteration.)"""
         writer = asyncio.ensure_future(self._write(call))
         try:
-            async for message in call:
+            while (message := await call.read()) is not grpc.aio.EOF:
                 nonce, response = response_from_proto(message)
                 if isinstance(response, Refusal):
                     return f"refused ({response.code}): {response.message}"
+                if isinstance(response, HelloAck):
+                    return "protocol violation: a second HelloAck"
                 if nonce == self.nonce:
                     self.on_response(response)
             return "the replica closed the stream"

@@ -167,8 +167,11 @@ class InstanceDriver:
             replica=name,
             epoch=epoch,
             controller_epoch=self.controller_epoch,
+            resume=effect.resume,
             resolve_address=lambda attempt: self._resolve_address(name, attempt),
-            on_connected=lambda: self.post(lambda instance: instance.replica_connected(name, epoch)),
+            on_connected=lambda nonce, ack: self.post(
+                lambda instance: instance.replica_connected(name, epoch, nonce, ack.resumed, ack.applied)
+            ),
             on_response=lambda response: self.post(_response_step(name, epoch, response)),
             on_failure=lambda reason: self.post(lambda instance: instance.replica_failed(name, epoch, reason)),
         )

@@ -17,6 +17,10 @@ Rules (DESIGN section 6):
   `AllowCompaction{c, since}` is sent and c's holds on its inputs follow.
 - A replica is hydrated for c once `w_r(c) > as_of(c)`, in sync when hydrated for every
   collection and within `max_lag_ms` of `W`.
+- A failed replica comes back as a new incarnation. If its process kept the session this
+  controller opened, and the commands it missed are still in the unreduced suffix of the
+  history, it gets just those (near-horizon); otherwise a new session and the reduced
+  history (far-horizon), which a live process reconciles.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from history import (
     PeekError,
     PeekResponse,
     PeekResult,
+    Resume,
     Schedule,
     StatusResponse,
     UpdateConfiguration,
@@ -63,11 +68,13 @@ class Send:
 
 @dataclass(frozen=True, slots=True)
 class Connect:
-    """Open a connection to `replica` for incarnation `epoch` (retrying with backoff) and
-    report `replica_connected` once its `Hello` went out."""
+    """Open a connection to `replica` for incarnation `epoch` (retrying with backoff),
+    offering to `resume` its session, and report `replica_connected` with the replica's
+    answer to the `Hello`."""
 
     replica: str
     epoch: int
+    resume: Resume | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,14 +137,36 @@ class InstanceOptions:
 ReplicaPhase = Literal["connecting", "active", "failed"]
 
 
+@dataclass(slots=True, eq=False)  # one object per session: identity is what matters
+class Session:
+    """A replica session this controller opened, through its current connection `nonce`.
+
+    The session began with the replay of `replay_length` commands when `replay_position`
+    commands had been pushed; every command pushed later was sent to it while it was
+    active, or is in the suffix a resume sends. So a session that has received `applied`
+    commands stands at absolute history position
+    `replay_position + applied - replay_length`.
+    """
+
+    nonce: str
+    replay_position: int
+    replay_length: int
+
+    def position(self, applied: int) -> int | None:
+        """The history position after `applied` commands; None inside the replay."""
+        return None if applied < self.replay_length else self.replay_position + applied - self.replay_length
+
+
 @dataclass(slots=True)
 class ReplicaState:
     """What the controller knows of one replica, for its current incarnation `epoch`.
 
     Lifecycle of `frontiers`: filled by `Frontiers` responses of the current epoch,
     cleared when the replica fails (its input holds go with it). Lifecycle of `as_ofs`:
-    the `as_of` each collection was built from on this incarnation, filled when its
-    `CreateDataflow` is sent (in the replay, or live), cleared when the replica fails.
+    the `as_of` each collection was built from in the current session, filled when its
+    `CreateDataflow` is sent (in the replay, a resume's suffix, or live), reset when a new
+    session starts. `session` outlives a failure, so that the next incarnation can offer
+    to resume it; it is forgotten when a resume is refused or cannot be served.
     """
 
     name: str
@@ -150,6 +179,9 @@ class ReplicaState:
     failures: int = 0
     last_failure: str = ""
     status: StatusResponse | None = None
+    session: Session | None = None
+    resumes: int = 0  # incarnations brought up near-horizon (just the missed suffix)
+    replays: int = 0  # incarnations brought up far-horizon (the reduced history)
 
 
 @dataclass(slots=True)
@@ -255,32 +287,74 @@ class ComputeInstance:
         replica = self.replicas.pop(name)
         return [Disconnect(name, replica.epoch), *self._update_holds()]
 
-    def replica_connected(self, name: str, epoch: int) -> list[Effect]:
-        """The driver's connection of `epoch` is open: replay the reduced history."""
+    def replica_connected(self, name: str, epoch: int, nonce: str, resumed: bool = False, applied: int = 0) -> list[Effect]:
+        """The driver's connection of `epoch` (opened with `nonce`) is up: the replica
+        `resumed` the session offered in `Connect` after receiving `applied` of its
+        commands, or started a new one. Send it what it lacks."""
         replica = self.replicas.get(name)
         if replica is None or replica.epoch != epoch or replica.phase != "connecting":
             return []
+        if resumed:
+            return self._resume(replica, nonce, applied)
         replica.phase = "active"
         replica.last_heard_ms = self.now_ms
+        replica.replays += 1
         self.history.reduce()
-        for command in self.history.commands:
+        replica.session = Session(nonce, self.history.position, len(self.history))
+        replica.as_ofs = {}
+        self._note_as_ofs(replica, self.history.commands)
+        replay = Send(name, epoch, tuple(self.history.commands))
+        if not replica.frontiers:
+            return [replay]
+        # The old session's frontiers held its inputs for a resume that did not come.
+        replica.frontiers.clear()
+        return [replay, *self._update_holds()]
+
+    def _resume(self, replica: ReplicaState, nonce: str, applied: int) -> list[Effect]:
+        session = replica.session
+        position = None if session is None else session.position(applied)
+        suffix = None if position is None else self.history.suffix_since(position)
+        if session is None or suffix is None:
+            # Not offered, or a reduction rewrote the missed commands after the offer:
+            # the next incarnation starts a new session.
+            replica.session = None
+            return self.replica_failed(replica.name, replica.epoch, f"cannot resume its session after {applied} commands")
+        # Answers in flight on the broken stream are lost: send the pending peeks it had
+        # again (it answers each once more; one it still works on is not restarted).
+        resent = [p.peek for p in self.peeks.values() if p.peek not in suffix]
+        replica.phase = "active"
+        replica.last_heard_ms = self.now_ms
+        replica.resumes += 1
+        # The resent peeks are commands the history does not count: restart the mapping.
+        replica.session = Session(nonce, self.history.position, applied + len(resent) + len(suffix))
+        self._note_as_ofs(replica, suffix)
+        commands = (*resent, *suffix)
+        return [Send(replica.name, replica.epoch, commands)] if commands else []
+
+    @staticmethod
+    def _note_as_ofs(replica: ReplicaState, commands: Iterable[ComputeCommand]) -> None:
+        for command in commands:
             if isinstance(command, CreateDataflow):
                 for id in command.desc.export_ids:
                     replica.as_ofs[id] = command.desc.as_of
-        return [Send(name, epoch, tuple(self.history.commands))]
 
     def replica_failed(self, name: str, epoch: int, reason: str) -> list[Effect]:
-        """A broken stream, a refused send, or silence: forget the replica's state and
-        rehydrate it as a new incarnation (epoch + 1)."""
+        """A broken stream, a refused send, or silence: rehydrate the replica as a new
+        incarnation (epoch + 1), which offers to resume its session.
+
+        While that offer stands, the replica's write frontiers keep holding its inputs:
+        a resumed session carries on from them and must still find its inputs readable.
+        They are forgotten (and the holds released) when a new session starts instead, or
+        when the offer expires after `replica_timeout_ms` (see `tick`)."""
         replica = self.replicas.get(name)
         if replica is None or replica.epoch != epoch:
             return []
         replica.failures += 1
         replica.last_failure = reason
         replica.phase = "failed"
-        replica.frontiers.clear()
-        replica.as_ofs.clear()
         replica.status = None
+        if replica.session is None:
+            replica.frontiers.clear()
         return [Disconnect(name, epoch), *self.maintain()]
 
     def _replica(self, name: str) -> ReplicaState:
@@ -464,8 +538,14 @@ class ComputeInstance:
         effects: list[Effect] = []
         for replica in list(self.replicas.values()):
             silent = self.now_ms - replica.last_heard_ms
-            if replica.phase == "active" and silent > self.options.replica_timeout_ms:
+            if silent <= self.options.replica_timeout_ms:
+                continue
+            if replica.phase == "active":
                 effects += self.replica_failed(replica.name, replica.epoch, f"no message for {silent} ms")
+            elif replica.phase == "connecting" and replica.session is not None:
+                # Withdraw the resume offer, and with it the holds kept for that session.
+                replica.session = None
+                effects += self.replica_failed(replica.name, replica.epoch, f"did not resume its session within {silent} ms")
         return effects + self.maintain()
 
     # --- Maintenance ------------------------------------------------------------------
@@ -484,8 +564,17 @@ class ComputeInstance:
                 replica.epoch += 1
                 replica.phase = "connecting"
                 replica.last_heard_ms = self.now_ms
-                effects.append(Connect(replica.name, replica.epoch))
+                effects.append(Connect(replica.name, replica.epoch, self._resume_offer(replica)))
         return effects
+
+    def _resume_offer(self, replica: ReplicaState) -> Resume | None:
+        """Resume the replica's session if it received every command before the history's
+        horizon: the ones after it are still held as pushed."""
+        session = replica.session
+        if session is None:
+            return None
+        before_horizon = max(0, self.history.horizon - session.replay_position)
+        return Resume(session.nonce, session.replay_length + before_horizon)
 
     def _schedule(self) -> list[Effect]:
         effects: list[Effect] = []
@@ -563,9 +652,11 @@ class ComputeInstance:
             for id in dataflow.export_ids:
                 if id in replica.frontiers:
                     hold = hold.meet(replica.frontiers[id])
-                elif replica.phase == "active":
-                    # Not reported yet: it starts at the as_of it was given, which the
-                    # input holds have not passed. Hold them there until it reports.
+                elif replica.session is not None:
+                    # Not reported yet, by a live session or one that may resume: it
+                    # starts at the as_of it was given (a resume's suffix gives the
+                    # original one), which the input holds have not passed. Hold them
+                    # there until it reports.
                     return []
         effects: list[Effect] = []
         for source in dataflow.desc.imports:

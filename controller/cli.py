@@ -116,6 +116,7 @@ def _replicas(views: list[ReplicaView]) -> str:
             "EPOCH",
             "PID",
             "PEEKS_WON",
+            "RESUMED/REPLAYED",
             "SPARK_MASTER",
             "ADDRESS",
         ],
@@ -130,6 +131,7 @@ def _replicas(views: list[ReplicaView]) -> str:
                 r.epoch,
                 r.pid,
                 r.peeks_won,
+                f"{r.resumes}/{r.replays}",
                 r.spark_master,
                 r.address,
             ]

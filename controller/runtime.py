@@ -522,6 +522,8 @@ def _instance_view(driver: InstanceDriver, replicas: Mapping[str, ReplicaInfo], 
                 peeks_won=health.peeks_won,
                 dataflows_kept=status.dataflows_kept if status else 0,
                 dataflows_built=status.dataflows_built if status else 0,
+                resumes=state.resumes,
+                replays=state.replays,
             )
         )
     return InstanceView(

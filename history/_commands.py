@@ -219,15 +219,35 @@ PeekTarget = Union[IndexTarget, SqlTarget]
 
 
 @dataclass(frozen=True, slots=True)
+class Resume:
+    """A request to continue a replica's session instead of starting a new one.
+
+    The session is the one whose current connection was opened with `nonce` by the same
+    controller epoch. The replica resumes it only if it has received at least
+    `min_applied` commands in it: below that, the controller no longer holds the
+    commands that followed (a reduction rewrote them), and a new session replays the
+    reduced history instead (far-horizon rehydration).
+    """
+
+    nonce: str
+    min_applied: int
+
+
+@dataclass(frozen=True, slots=True)
 class Hello:
     """Opens a connection. Never stored in a history.
 
     The replica refuses an epoch lower than the highest it has seen (a stale controller)
-    and tags every response on this connection with `nonce`.
+    and tags every response on this connection with `nonce`. Its first response is a
+    `HelloAck` (protocol.codec): whether it resumed the session named by `resume`, and
+    how many commands that session has received, so that the controller sends only the
+    rest (near-horizon rehydration). Without `resume`, or when the replica cannot
+    resume, a new session starts and the controller replays the reduced history.
     """
 
     controller_epoch: int
     nonce: str
+    resume: Resume | None = None
 
 
 @dataclass(frozen=True, slots=True)

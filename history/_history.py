@@ -179,6 +179,11 @@ class CommandHistory:
         """The absolute position after the newest command (= commands pushed)."""
         return self.pushed
 
+    @property
+    def horizon(self) -> int:
+        """The oldest position `suffix_since` accepts: where the last reduction was."""
+        return self._reduced_at
+
     def suffix_since(self, position: int) -> Sequence[ComputeCommand] | None:
         """The commands pushed after absolute `position`, or None when a reduction has
         rewritten some of them (the caller must then replay the whole history)."""

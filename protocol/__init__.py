@@ -13,6 +13,7 @@ Import them directly: `from protocol import compute_pb2, compute_pb2_grpc`.
 from protocol._errors import ProtocolError
 from protocol.arrow import ipc_to_table, table_to_ipc
 from protocol.codec import (
+    HelloAck,
     Refusal,
     RefusalCode,
     WireCommand,
@@ -25,6 +26,7 @@ from protocol.codec import (
 
 __all__ = [
     "ProtocolError",
+    "HelloAck",
     "Refusal",
     "RefusalCode",
     "WireCommand",

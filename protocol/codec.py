@@ -6,7 +6,7 @@ Laws (tested with hypothesis in tests/test_protocol_codec.py):
   also after serializing to bytes and parsing again.
 - The codec raises `ProtocolError` and nothing else, saying what is wrong and in which
   command or response. Decoding refuses a malformed message: a missing oneof, an unknown
-  enum value, a negative time, a predicate whose value does not fit its op. Encoding
+  enum value, a negative time or count, a predicate whose value does not fit its op. Encoding
   refuses the same values, so it never builds a message that decoding would refuse, and
   also what the wire cannot hold (an int outside int64, a literal that is not a `Scalar`).
 - Only the wire shape and the model's own invariants are checked here. What only the
@@ -47,10 +47,25 @@ class Refusal:
     message: str
 
 
+@dataclass(frozen=True, slots=True)
+class HelloAck:
+    """The replica's first response on a connection it accepted.
+
+    `resumed`: it continues the session `Hello.resume` named (its dataflows, pending peeks
+    and buffered commands kept); `applied` is then the number of commands that session
+    has received since its opening `Hello`, so the controller sends the commands after
+    those. Not resumed: a new session (`applied` = 0), which expects `CreateInstance`
+    and the replayed history. A wire-level answer, not part of `history`.
+    """
+
+    resumed: bool
+    applied: int
+
+
 WireCommand = Union[h.Hello, h.ComputeCommand]
 """What the controller sends: `Hello`, then the commands a history holds."""
 
-WireResponse = Union[h.ComputeResponse, Refusal]
+WireResponse = Union[h.ComputeResponse, Refusal, HelloAck]
 """What a replica sends."""
 
 
@@ -135,6 +150,12 @@ def _time(time: int) -> int:
     if time < 0:
         raise ProtocolError(f"a time must not be negative, got {time}")
     return time
+
+
+def _count(count: int, name: str) -> int:
+    if count < 0:
+        raise ProtocolError(f"{name} must not be negative, got {count}")
+    return count
 
 
 # --- Values ----------------------------------------------------------------------------
@@ -346,8 +367,27 @@ def _peek_from_proto(message: pb.Peek) -> h.Peek:
     )
 
 
+def _hello_to_proto(hello: h.Hello) -> pb.Hello:
+    resume = hello.resume
+    return pb.Hello(
+        controller_epoch=hello.controller_epoch,
+        nonce=hello.nonce,
+        resume=None
+        if resume is None
+        else pb.Resume(nonce=resume.nonce, min_applied=_count(resume.min_applied, "min_applied")),
+    )
+
+
+def _hello_from_proto(message: pb.Hello) -> h.Hello:
+    resume = None
+    if message.HasField("resume"):
+        m = message.resume
+        resume = h.Resume(m.nonce, _count(m.min_applied, "min_applied"))
+    return h.Hello(message.controller_epoch, message.nonce, resume)
+
+
 _COMMAND_ENCODERS: _Encoders = {
-    h.Hello: ("hello", lambda c: pb.Hello(controller_epoch=c.controller_epoch, nonce=c.nonce)),
+    h.Hello: ("hello", _hello_to_proto),
     h.CreateInstance: (
         "create_instance",
         lambda c: pb.CreateInstance(config=_config_to_proto(c.config)),
@@ -370,7 +410,7 @@ _COMMAND_ENCODERS: _Encoders = {
     h.CancelPeek: ("cancel_peek", lambda c: pb.CancelPeek(uuid=c.uuid)),
 }
 _COMMAND_DECODERS: _Decoders = {
-    "hello": lambda m: h.Hello(m.controller_epoch, m.nonce),
+    "hello": _hello_from_proto,
     "create_instance": lambda m: h.CreateInstance(_config_from_proto(m.config)),
     "initialization_complete": lambda m: h.InitializationComplete(),
     "update_configuration": lambda m: h.UpdateConfiguration(_parameters_from_proto(m.params)),
@@ -451,6 +491,10 @@ _RESPONSE_ENCODERS: _Encoders = {
             code=_lookup(_REFUSAL_CODES, r.code, "refusal code"), message=r.message
         ),
     ),
+    HelloAck: (
+        "hello_ack",
+        lambda r: pb.HelloAck(resumed=r.resumed, applied=_count(r.applied, "applied")),
+    ),
 }
 _RESPONSE_DECODERS: _Decoders = {
     "frontiers": lambda m: h.FrontiersResponse(m.id, _frontier_from_proto(m.write_frontier)),
@@ -459,4 +503,5 @@ _RESPONSE_DECODERS: _Decoders = {
     "refusal": lambda m: Refusal(
         _lookup(_REFUSAL_CODES_FROM_PROTO, m.code, "RefusalCode"), m.message
     ),
+    "hello_ack": lambda m: HelloAck(m.resumed, _count(m.applied, "applied")),
 }

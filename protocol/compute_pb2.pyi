@@ -209,13 +209,23 @@ class SqlTarget(_message.Message):
     imports: _containers.RepeatedCompositeFieldContainer[Import]
     def __init__(self, sql: _Optional[str] = ..., imports: _Optional[_Iterable[_Union[Import, _Mapping]]] = ...) -> None: ...
 
+class Resume(_message.Message):
+    __slots__ = ("nonce", "min_applied")
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    MIN_APPLIED_FIELD_NUMBER: _ClassVar[int]
+    nonce: str
+    min_applied: int
+    def __init__(self, nonce: _Optional[str] = ..., min_applied: _Optional[int] = ...) -> None: ...
+
 class Hello(_message.Message):
-    __slots__ = ("controller_epoch", "nonce")
+    __slots__ = ("controller_epoch", "nonce", "resume")
     CONTROLLER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
     controller_epoch: int
     nonce: str
-    def __init__(self, controller_epoch: _Optional[int] = ..., nonce: _Optional[str] = ...) -> None: ...
+    resume: Resume
+    def __init__(self, controller_epoch: _Optional[int] = ..., nonce: _Optional[str] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ...) -> None: ...
 
 class CreateInstance(_message.Message):
     __slots__ = ("config",)
@@ -371,16 +381,26 @@ class Refusal(_message.Message):
     message: str
     def __init__(self, code: _Optional[_Union[RefusalCode, str]] = ..., message: _Optional[str] = ...) -> None: ...
 
+class HelloAck(_message.Message):
+    __slots__ = ("resumed", "applied")
+    RESUMED_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    resumed: bool
+    applied: int
+    def __init__(self, resumed: _Optional[bool] = ..., applied: _Optional[int] = ...) -> None: ...
+
 class ComputeResponse(_message.Message):
-    __slots__ = ("nonce", "frontiers", "peek", "status", "refusal")
+    __slots__ = ("nonce", "frontiers", "peek", "status", "refusal", "hello_ack")
     NONCE_FIELD_NUMBER: _ClassVar[int]
     FRONTIERS_FIELD_NUMBER: _ClassVar[int]
     PEEK_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     REFUSAL_FIELD_NUMBER: _ClassVar[int]
+    HELLO_ACK_FIELD_NUMBER: _ClassVar[int]
     nonce: str
     frontiers: FrontiersResponse
     peek: PeekResponse
     status: StatusResponse
     refusal: Refusal
-    def __init__(self, nonce: _Optional[str] = ..., frontiers: _Optional[_Union[FrontiersResponse, _Mapping]] = ..., peek: _Optional[_Union[PeekResponse, _Mapping]] = ..., status: _Optional[_Union[StatusResponse, _Mapping]] = ..., refusal: _Optional[_Union[Refusal, _Mapping]] = ...) -> None: ...
+    hello_ack: HelloAck
+    def __init__(self, nonce: _Optional[str] = ..., frontiers: _Optional[_Union[FrontiersResponse, _Mapping]] = ..., peek: _Optional[_Union[PeekResponse, _Mapping]] = ..., status: _Optional[_Union[StatusResponse, _Mapping]] = ..., refusal: _Optional[_Union[Refusal, _Mapping]] = ..., hello_ack: _Optional[_Union[HelloAck, _Mapping]] = ...) -> None: ...

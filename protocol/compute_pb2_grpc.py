@@ -48,7 +48,8 @@ class ComputeReplicaServicer:
 
     def CommandStream(self, request_iterator, context):
         """Opened by the controller, whose first command is Hello. The replica tags every
-        response with Hello's nonce and ends the stream right after a Refusal.
+        response with Hello's nonce. Its first response is a HelloAck, or a Refusal, after
+        which it ends the stream (as after any Refusal).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -55,7 +55,7 @@ class CollectionView(_message.Message):
     def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., since: _Optional[int] = ..., write_frontier: _Optional[int] = ...) -> None: ...
 
 class ReplicaView(_message.Message):
-    __slots__ = ("name", "size", "spark_master", "address", "managed", "state", "epoch", "pid", "in_sync", "hydrated", "lag_ms", "peeks_won", "dataflows_kept", "dataflows_built")
+    __slots__ = ("name", "size", "spark_master", "address", "managed", "state", "epoch", "pid", "in_sync", "hydrated", "lag_ms", "peeks_won", "dataflows_kept", "dataflows_built", "resumes", "replays")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     SPARK_MASTER_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +70,8 @@ class ReplicaView(_message.Message):
     PEEKS_WON_FIELD_NUMBER: _ClassVar[int]
     DATAFLOWS_KEPT_FIELD_NUMBER: _ClassVar[int]
     DATAFLOWS_BUILT_FIELD_NUMBER: _ClassVar[int]
+    RESUMES_FIELD_NUMBER: _ClassVar[int]
+    REPLAYS_FIELD_NUMBER: _ClassVar[int]
     name: str
     size: str
     spark_master: str
@@ -84,7 +86,9 @@ class ReplicaView(_message.Message):
     peeks_won: int
     dataflows_kept: int
     dataflows_built: int
-    def __init__(self, name: _Optional[str] = ..., size: _Optional[str] = ..., spark_master: _Optional[str] = ..., address: _Optional[str] = ..., managed: _Optional[bool] = ..., state: _Optional[str] = ..., epoch: _Optional[int] = ..., pid: _Optional[int] = ..., in_sync: _Optional[bool] = ..., hydrated: _Optional[bool] = ..., lag_ms: _Optional[int] = ..., peeks_won: _Optional[int] = ..., dataflows_kept: _Optional[int] = ..., dataflows_built: _Optional[int] = ...) -> None: ...
+    resumes: int
+    replays: int
+    def __init__(self, name: _Optional[str] = ..., size: _Optional[str] = ..., spark_master: _Optional[str] = ..., address: _Optional[str] = ..., managed: _Optional[bool] = ..., state: _Optional[str] = ..., epoch: _Optional[int] = ..., pid: _Optional[int] = ..., in_sync: _Optional[bool] = ..., hydrated: _Optional[bool] = ..., lag_ms: _Optional[int] = ..., peeks_won: _Optional[int] = ..., dataflows_kept: _Optional[int] = ..., dataflows_built: _Optional[int] = ..., resumes: _Optional[int] = ..., replays: _Optional[int] = ...) -> None: ...
 
 class InstanceView(_message.Message):
     __slots__ = ("name", "health", "min_in_sync", "max_lag_ms", "replica_timeout_ms", "history_length", "history_reductions", "commands_pushed", "replicas", "collections")

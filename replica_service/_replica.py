@@ -6,9 +6,22 @@ are computed one at a time in a fair order; one for SQL peeks, so they are not q
 behind a long step; a few for storage I/O. Peeks on an index are answered on the loop
 from the arrangement, while dataflows compute.
 
-Connection lifecycle: `connect(hello)` supersedes the previous connection (its pending
-peeks are dropped); the commands up to `InitializationComplete` are buffered and then
-reconciled against the dataflows already running; later commands apply one by one.
+Connection lifecycle: a session is what one controller epoch sent since an opening
+`Hello`; `connect(hello)` supersedes the current connection, and either resumes its
+session or starts a new one. Resumed (`hello.resume` names the current connection's
+nonce, the epoch is the same, and the session has received at least `min_applied`
+commands): the new connection carries on where the old one stopped, with the same
+buffered replay or running state, the same count of received commands, and the same
+pending peeks, which answer on it; the old one is closed without a word. Otherwise a new
+session: the old connection's pending peeks end as canceled, and the commands up to
+`InitializationComplete` are buffered and then reconciled against the dataflows already
+running. After initialization commands apply one by one.
+
+Every accepted connection answers first with `HelloAck` (resumed, commands received).
+A resumed, initialized session then reports every live export's write frontier (the
+controller forgot them with the broken stream). Answers lost with the old stream are
+the controller's to recover: it sends the peeks it has no answer for again, and a
+`Peek` whose uuid is still pending here is a no-op.
 """
 
 from __future__ import annotations
@@ -35,7 +48,6 @@ from history import (
     ComputeResponse,
     CreateDataflow,
     CreateInstance,
-    DataflowDescription,
     DataflowStatus,
     Frontier,
     FrontiersResponse,
@@ -52,7 +64,7 @@ from history import (
     StatusResponse,
     UpdateConfiguration,
 )
-from protocol import Refusal, table_to_ipc
+from protocol import HelloAck, Refusal, table_to_ipc
 from replica_service import _spark
 from replica_service._arrangement import Arrangement, Version, canonical_sort, digest, finish
 from replica_service._dataflow import Dataflow, DataflowInputs
@@ -84,17 +96,32 @@ class Refused(Exception):
 
 @dataclass(eq=False)
 class Connection:
-    """One controller connection. Responses are queued for its stream; `None` ends it."""
+    """One controller connection. Responses are queued for its stream; `None` ends it.
+
+    `replay`, `created_instance` and `applied` are the state of the session the
+    connection carries, handed on by `resumed_by`.
+    """
 
     epoch: int
     nonce: str
-    outbox: asyncio.Queue[ComputeResponse | Refusal | None] = field(default_factory=asyncio.Queue)
+    outbox: asyncio.Queue[ComputeResponse | Refusal | HelloAck | None] = field(default_factory=asyncio.Queue)
     reported: dict[str, Frontier] = field(default_factory=dict)  # frontiers sent on this stream
     replay: list[ComputeCommand] | None = field(default_factory=list)  # None once initialized
     created_instance: bool = False
+    applied: int = 0  # commands of the session accepted since its opening Hello
     closed: bool = False
 
-    def send(self, response: ComputeResponse | Refusal) -> None:
+    def resumed_by(self, hello: Hello) -> Connection:
+        """The connection of `hello` that continues this one's session."""
+        return Connection(
+            hello.controller_epoch,
+            hello.nonce,
+            replay=self.replay,
+            created_instance=self.created_instance,
+            applied=self.applied,
+        )
+
+    def send(self, response: ComputeResponse | Refusal | HelloAck) -> None:
         if not self.closed:
             self.outbox.put_nowait(response)
 
@@ -110,8 +137,8 @@ class Replica:
     Lifecycles: `dataflows` gains an entry on `CreateDataflow` (or keeps one through
     reconciliation) and loses it when every export is compacted to the empty frontier
     or reconciliation drops it; `collections` maps each live export id to its dataflow;
-    `peeks` holds a task per unanswered peek of the current connection, removed in the
-    same step that sends its one response.
+    `peeks` holds a task per unanswered peek of the current session, removed in the
+    same step that sends its one response; a new session cancels them all.
     """
 
     def __init__(self, storage: Storage, settings: _spark.SparkSettings, work_dir: Path, session: SparkSession) -> None:
@@ -160,9 +187,12 @@ class Replica:
     # --- Connections ---------------------------------------------------------------------
 
     def connect(self, hello: Hello) -> Connection:
-        """Open a connection for `hello`, superseding the current one.
+        """Open a connection for `hello`, superseding the current one: resume its session
+        if `hello.resume` allows, else start a new session.
 
-        Raises `Refused` for an epoch below the highest seen: a stale controller.
+        Its outbox starts with the `HelloAck`; for a resumed, initialized session, then a
+        `FrontiersResponse` for every live export; heartbeats and everything else follow. Raises `Refused` for an epoch below
+        the highest seen: a stale controller.
         """
         if hello.controller_epoch < self.highest_epoch:
             raise Refused(
@@ -173,21 +203,56 @@ class Replica:
                 )
             )
         self.highest_epoch = hello.controller_epoch
-        if self.connection is not None:
-            # The earlier connection's pending peeks end as canceled, its last words.
-            for uuid, task in self.peeks.items():
-                task.cancel()
-                self.connection.send(PeekResponse(uuid, PeekCanceled()))
-            self.connection.close()
-        self.peeks.clear()
-        self.connection = Connection(hello.controller_epoch, hello.nonce)
-        asyncio.get_running_loop().create_task(self._heartbeat(self.connection))
-        return self.connection
+        old = self.connection
+        why_not = self._why_not_resume(hello)
+        if why_not is None:
+            self.connection = old.resumed_by(hello)
+            old.close()  # silently: its pending peeks answer on the new connection
+            log.info(
+                "controller connected: epoch %d, nonce %s resumes the session of connection %s after %d commands",
+                hello.controller_epoch, hello.nonce, old.nonce, self.connection.applied,
+            )
+        else:
+            if old is not None:
+                # The earlier session's pending peeks end as canceled, its last words.
+                for uuid, task in self.peeks.items():
+                    task.cancel()
+                    old.send(PeekResponse(uuid, PeekCanceled()))
+                old.close()
+            self.peeks.clear()
+            self.connection = Connection(hello.controller_epoch, hello.nonce)
+            log.info(
+                "controller connected: epoch %d, nonce %s starts a new session (%s)",
+                hello.controller_epoch, hello.nonce, why_not,
+            )
+        connection = self.connection
+        connection.send(HelloAck(why_not is None, connection.applied))
+        if why_not is None:
+            for dataflow in self.dataflows.values():
+                self._report(dataflow)  # nothing while the session is still buffering
+        asyncio.get_running_loop().create_task(self._heartbeat(connection))
+        return connection
+
+    def _why_not_resume(self, hello: Hello) -> str | None:
+        """Why `hello` cannot resume the current session, or None when it can."""
+        resume, current = hello.resume, self.connection
+        if resume is None:
+            return "no resume offered"
+        if current is None:
+            return "no session to resume"
+        if current.nonce != resume.nonce:
+            return f"the current session's connection is {current.nonce}, not {resume.nonce}"
+        if current.epoch != hello.controller_epoch:
+            return f"the session belongs to controller epoch {current.epoch}"
+        if current.applied < resume.min_applied:
+            return f"the session has received {current.applied} commands, fewer than {resume.min_applied}"
+        return None
 
     def handle(self, connection: Connection, command: ComputeCommand) -> None:
-        """Apply one command from `connection` (a no-op if it has been superseded).
+        """Apply one command from `connection` (a no-op if it has been superseded), and
+        count it as received by the session.
 
-        Raises `Refused` on a protocol violation.
+        Raises `Refused` on a protocol violation, and then does not count it.
         """
         if connection is not self.connection:
             return
@@ -204,6 +269,7 @@ class Replica:
                 connection.replay.append(command)
         else:
             self._apply(command)
+        connection.applied += 1
 
     def _create_instance(self, connection: Connection, command: CreateInstance) -> None:
         if connection.created_instance:
@@ -340,8 +406,9 @@ class Replica:
         self._notify_progress()
 
     def _peek(self, command: Peek) -> None:
-        connection = self.connection
-        self.peeks[command.uuid] = asyncio.get_running_loop().create_task(self._answer_peek(connection, command))
+        if command.uuid in self.peeks:
+            return  # sent again after a resume, and still being answered
+        self.peeks[command.uuid] = asyncio.get_running_loop().create_task(self._answer_peek(command))
 
     def _cancel_peek(self, command: CancelPeek) -> None:
         task = self.peeks.pop(command.uuid, None)
@@ -480,7 +547,7 @@ class Replica:
 
     # --- Peeks ---------------------------------------------------------------------------
 
-    async def _answer_peek(self, connection: Connection, peek: Peek) -> None:
+    async def _answer_peek(self, peek: Peek) -> None:
         try:
             result = await asyncio.wait_for(self._peek_rows(peek), peek.timeout_ms / 1000)
         except TimeoutError:
@@ -494,9 +561,11 @@ class Replica:
             raise
         except Exception as e:
             result = PeekError(_spark_error_message(e))
-        # No await between the removal and the send: a CancelPeek cannot slip in.
+        # No await between the removal and the send: a CancelPeek cannot slip in. The
+        # peek belongs to the current session (a new one cancels them all), so its answer
+        # goes to the session's current connection, which a resume may have replaced.
         if self.peeks.pop(peek.uuid, None) is not None:
-            connection.send(PeekResponse(peek.uuid, result))
+            self.connection.send(PeekResponse(peek.uuid, result))
 
     async def _peek_rows(self, peek: Peek) -> PeekRows:
         versions = {}

@@ -1,7 +1,8 @@
 """The `ComputeReplica` gRPC service: converts messages and delegates to `Replica`.
 
-One bidirectional stream per controller connection. The first command must be `Hello`;
-a refusal is sent as the stream's last response, after which the stream ends.
+One bidirectional stream per controller connection. The first command must be `Hello`,
+and the first response is its `HelloAck` (queued by `Replica.connect`) or a refusal. A
+refusal is sent as the stream's last response, after which the stream ends.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ class ComputeReplicaServicer(compute_pb2_grpc.ComputeReplicaServicer):
         except (Refused, ProtocolError) as e:
             await context.write(response_to_proto(_refusal(e), getattr(_safe_hello(first), "nonce", "")))
             return
-        log.info("controller connected: epoch %d, nonce %s", hello.controller_epoch, hello.nonce)
         reader = asyncio.ensure_future(self._read(context, connection))
         try:
             while (response := await connection.outbox.get()) is not None:

@@ -14,10 +14,11 @@ from typing import get_args
 from hypothesis import strategies as st
 
 import history as h
-from protocol import Refusal, RefusalCode
+from protocol import HelloAck, Refusal, RefusalCode
 
 int64s = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 times = st.integers(min_value=0, max_value=2**63 - 1)
+counts = times  # never negative either
 texts = st.text()  # any unicode; hypothesis leaves out surrogates, which UTF-8 cannot hold
 ids = st.from_regex(r"[ut][0-9]{1,4}", fullmatch=True) | texts
 
@@ -63,7 +64,7 @@ dataflows = st.builds(
 targets = st.builds(h.IndexTarget, ids) | st.builds(h.SqlTarget, texts, _tuples(imports))
 
 COMMANDS: dict[type, st.SearchStrategy] = {
-    h.Hello: st.builds(h.Hello, int64s, texts),
+    h.Hello: st.builds(h.Hello, int64s, texts, st.none() | st.builds(h.Resume, texts, counts)),
     h.CreateInstance: st.builds(
         h.CreateInstance, st.builds(h.InstanceConfig.of, texts, st.dictionaries(texts, texts))
     ),
@@ -99,4 +100,5 @@ RESPONSES: dict[type, st.SearchStrategy] = {
         pid=int64s,
     ),
     Refusal: st.builds(Refusal, st.sampled_from(get_args(RefusalCode)), texts),
+    HelloAck: st.builds(HelloAck, st.booleans(), counts),
 }

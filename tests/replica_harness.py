@@ -1,8 +1,9 @@
 """A replica process and a small scripted controller for tests: real process, real gRPC.
 
 `ReplicaProcess` runs `python -m replica_service` and reads its ready line.
-`ScriptedClient` opens a `CommandStream`, sends commands, and collects every response
-on a background thread, so tests can wait for frontiers, peek answers and heartbeats.
+`ScriptedClient` opens a `CommandStream` (offering to resume a session, if asked), sends
+commands, and collects every response on a background thread, so tests can wait for the
+`HelloAck`, frontiers, peek answers and heartbeats.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import grpc
 import pyarrow as pa
 
 import history as h
-from protocol import Refusal, command_to_proto, compute_pb2_grpc, ipc_to_table, response_from_proto
+from protocol import HelloAck, Refusal, command_to_proto, compute_pb2_grpc, ipc_to_table, response_from_proto
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -69,6 +70,8 @@ class ReplicaProcess:
 class Responses:
     """Everything one connection received, in order, guarded by a condition."""
 
+    first: object | None = None  # the first response: a HelloAck or a Refusal
+    ack: HelloAck | None = None
     frontiers: dict[str, h.Frontier] = field(default_factory=dict)
     peeks: dict[str, h.PeekResult] = field(default_factory=dict)
     peek_counts: dict[str, int] = field(default_factory=dict)
@@ -80,17 +83,19 @@ class Responses:
 
 
 class ScriptedClient:
-    """One controller connection, driven synchronously by a test."""
+    """One controller connection, driven synchronously by a test. `sent` lists the
+    commands sent after `Hello`, in order."""
 
-    def __init__(self, address: str, *, epoch: int = 1, nonce: str | None = None) -> None:
+    def __init__(self, address: str, *, epoch: int = 1, nonce: str | None = None, resume: h.Resume | None = None) -> None:
         self.nonce = nonce or uuid.uuid4().hex
+        self.sent: list[h.ComputeCommand] = []
         self.channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 256 * 1024 * 1024)])
         self._outbox: queue.Queue = queue.Queue()
         self.responses = Responses()
         self._condition = threading.Condition()
         stub = compute_pb2_grpc.ComputeReplicaStub(self.channel)
         self._call = stub.CommandStream(iter(self._outbox.get, None))
-        self._outbox.put(command_to_proto(h.Hello(epoch, self.nonce)))
+        self._outbox.put(command_to_proto(h.Hello(epoch, self.nonce, resume)))
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -110,7 +115,11 @@ class ScriptedClient:
     def _record(self, nonce: str, response) -> None:
         r = self.responses
         r.nonces.add(nonce)
-        if isinstance(response, h.FrontiersResponse):
+        if r.first is None:
+            r.first = response
+        if isinstance(response, HelloAck):
+            r.ack = response
+        elif isinstance(response, h.FrontiersResponse):
             r.frontier_log.append(response)
             r.frontiers[response.id] = response.write_frontier
         elif isinstance(response, h.PeekResponse):
@@ -123,6 +132,7 @@ class ScriptedClient:
 
     def send(self, *commands: h.ComputeCommand) -> None:
         for command in commands:
+            self.sent.append(command)
             self._outbox.put(command_to_proto(command))
 
     def wait_for(self, predicate: Callable[[Responses], object], timeout: float = 60, what: str = "condition") -> object:
@@ -134,6 +144,13 @@ class ScriptedClient:
                     raise TimeoutError(f"waited {timeout}s for {what}; got frontiers {self.responses.frontiers}, refusal {self.responses.refusal}")
                 self._condition.wait(remaining)
             return value
+
+    @property
+    def ack(self) -> HelloAck:
+        """The replica's `HelloAck` (waited for), after checking it came first."""
+        ack = self.wait_for(lambda r: r.ack, 30, "the HelloAck")
+        assert self.responses.first is ack, f"the first response was {self.responses.first}"
+        return ack
 
     def wait_frontier(self, id: str, past: int, timeout: float = 90) -> h.Frontier:
         return self.wait_for(

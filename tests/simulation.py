@@ -21,7 +21,9 @@ What is modelled:
 - **Network.** One FIFO queue per direction per connection, with delays drawn from the
   seeded generator. A closed connection loses what is in flight.
 - **Driver.** Carries out the effects: `Connect` (after a delay, retried while the replica
-  is down or hung) then `replica_connected`; `Send` onto the current connection of that
+  is down or hung) then `replica_connected` with the replica's answer (it resumes the
+  offered session when it still has it and has received enough of its commands, as in
+  `replica_service`); `Send` onto the current connection of that
   epoch; `Disconnect`; `PeekDone` to the client; `StorageHold` and `SinceAdvanced` to a
   catalog record. A broken stream is reported with `replica_failed`.
 - **Faults** (seeded): crash (state and connection lost, back after a while), hang (no
@@ -96,6 +98,7 @@ from history import (
     PeekRows,
     PeekTarget,
     ReplicaModel,
+    Resume,
     Schedule,
     SqlTarget,
     StatusResponse,
@@ -224,19 +227,25 @@ class SimConnection:
     (unless a late-response fault carries it over).
     """
 
-    def __init__(self, replica: str, epoch: int) -> None:
+    def __init__(self, replica: str, epoch: int, nonce: str) -> None:
         self.replica = replica
         self.epoch = epoch
+        self.nonce = nonce
         self.open = True
         self.inbound: deque[tuple[int, ComputeCommand]] = deque()
         self.outbound: deque[tuple[int, ComputeResponse]] = deque()
         self._inbound_at = 0
         self._outbound_at = 0
-        # Replica-side state of this connection:
+        # Replica-side state of the session this connection carries (a resume hands it on):
         self.model = ReplicaModel()
         self.reconciled = False
-        self.reported: dict[str, Frontier] = {}
+        self.applied = 0  # commands the session received
+        self.reported: dict[str, Frontier] = {}  # of this connection only
         self.pending: dict[str, Peek] = {}  # uuid -> peek, received and not yet answered
+
+    def take_over(self, old: SimConnection) -> None:
+        """Continue `old`'s session on this connection."""
+        self.model, self.reconciled, self.applied, self.pending = old.model, old.reconciled, old.applied, old.pending
 
     def push_command(self, at: int, command: ComputeCommand) -> None:
         self._inbound_at = max(at, self._inbound_at)
@@ -331,13 +340,22 @@ class SimReplica:
         self.heartbeats = self.kept = self.built = 0
         self.incarnation += 1
 
-    def connect(self, epoch: int, now: int) -> SimConnection:
-        """A new connection (a Hello) supersedes the current one; its pending peeks die."""
-        if self.conn is not None:
-            self.conn.open = False
-        self.conn = SimConnection(self.name, epoch)
+    def connect(self, epoch: int, now: int, nonce: str, resume: Resume | None) -> tuple[SimConnection, bool]:
+        """A new connection (a Hello) supersedes the current one. It continues the session
+        `resume` names if that is the current one and received at least `min_applied`
+        commands (True); else a new session starts and the old one's pending peeks die."""
+        old = self.conn
+        conn = SimConnection(self.name, epoch, nonce)
+        resumed = (
+            resume is not None and old is not None and old.nonce == resume.nonce and old.applied >= resume.min_applied
+        )
+        if resumed:
+            conn.take_over(old)
+        if old is not None:
+            old.open = False
+        self.conn = conn
         self.next_heartbeat = now
-        return self.conn
+        return conn, resumed
 
     # --- The process's loop -----------------------------------------------------------
 
@@ -354,6 +372,7 @@ class SimReplica:
         if conn is not None and conn.open:
             while conn.open and conn.inbound and conn.inbound[0][0] <= now:
                 _, command = conn.inbound.popleft()
+                conn.applied += 1
                 self._apply(conn, command, now)
         ticked = now >= self.next_tick
         if ticked:
@@ -665,6 +684,8 @@ class Simulation:
         self.replicas: dict[str, SimReplica] = {}
         self.conns: dict[str, SimConnection] = {}  # the driver's current connection per replica
         self.pending_connects: dict[str, tuple[int, int]] = {}  # name -> (epoch, when)
+        self.resume_offers: dict[str, Resume | None] = {}  # name -> the pending Connect's offer
+        self.next_nonce = 1
         self.broken: list[tuple[int, str, int]] = []  # (when, name, epoch) to report
         self.link_breaks: list[tuple[int, str]] = []  # (when, name): a late-response fault
         self.late: list[tuple[int, str, int, ComputeResponse]] = []  # (when, name, epoch, response)
@@ -680,7 +701,7 @@ class Simulation:
         self.stats: Counter[str] = Counter()
         self._seen_w: dict[str, float] = {}
         self._seen_since: dict[str, float] = {}  # across controller restarts
-        self._seen_replica: dict[tuple[str, int, str], float] = {}
+        self._seen_replica: dict[tuple[str, object, str], float] = {}
         self._reductions = self.instance.history.reductions
         self._bound = 0
         self._peak_bound = 0
@@ -826,8 +847,9 @@ class Simulation:
             conn.push_command(self.now + replica.delay(self.now), command)
 
     def _connect(self, effect: Connect) -> None:
-        self.event(f"Connect {effect.replica} epoch {effect.epoch}")
+        self.event(f"Connect {effect.replica} epoch {effect.epoch}" + (f" resume {effect.resume}" if effect.resume else ""))
         self.pending_connects[effect.replica] = (effect.epoch, self.now + self.rng.randint(1, 60))
+        self.resume_offers[effect.replica] = effect.resume
 
     def _disconnect(self, effect: Disconnect) -> None:
         self.event(f"Disconnect {effect.replica} epoch {effect.epoch}")
@@ -922,12 +944,16 @@ class Simulation:
             old = self.conns.get(name)
             if old is not None:
                 self.close(old)
-            conn = replica.connect(epoch, self.now)
+            nonce = f"n{self.next_nonce}"
+            self.next_nonce += 1
+            conn, resumed = replica.connect(epoch, self.now, nonce, self.resume_offers.pop(name, None))
             self.conns[name] = conn
-            self.event(f"connected {name} epoch {epoch}")
-            effects = self.call(self.instance.replica_connected, name, epoch)
-            if not any(isinstance(e, Send) and e.replica == name for e in effects):
-                self.close(conn)
+            self.event(f"connected {name} epoch {epoch}" + (f", resumed after {conn.applied} commands" if resumed else ""))
+            self.stats["sessions resumed" if resumed else "sessions started"] += 1
+            self.call(self.instance.replica_connected, name, epoch, nonce, resumed, conn.applied)
+            state = self.instance.replicas.get(name)
+            if state is None or state.epoch != epoch or state.phase != "active":
+                self.close(conn)  # the instance did not take this connection
 
     def _deliver_responses(self) -> None:
         for name, conn in list(self.conns.items()):
@@ -997,6 +1023,7 @@ class Simulation:
             conn.outbound.clear()
         self.conns.clear()
         self.pending_connects.clear()
+        self.resume_offers.clear()
         self.broken.clear()
         self.link_breaks.clear()
         self.late.clear()
@@ -1254,7 +1281,8 @@ class Simulation:
         seen = self._seen_replica
         for replica in instance.replicas.values():
             for id, frontier in replica.frontiers.items():
-                key = (replica.name, replica.epoch, id)
+                # Per session: a resumed one keeps its frontiers, a new one starts over.
+                key = (replica.name, replica.session, id)
                 value = _key(frontier)
                 if value < seen.get(key, -1):
                     self.fail(

@@ -191,6 +191,8 @@ class FakeApi:
             3,
             1,
             2,
+            4,
+            5,
         )
         self.replicas[instance][name] = view
         return view
@@ -225,6 +227,8 @@ class FakeApi:
                 True,
                 0,
                 0,
+                0,
+                1,
                 0,
                 1,
             )

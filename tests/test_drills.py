@@ -21,7 +21,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import history as h
 from catalog import Catalog, Fenced, default_url
 from controller.client import Client, TandemError
 from controller._process import ControllerProcess, kill_replicas, wait_until
@@ -169,14 +168,41 @@ def test_a_partition_fails_the_replica_after_the_timeout_and_heals(drill):
             time.sleep(2)
         finally:
             drill.proxy.heal()
+        # It comes back resumed (if the heal beat the expiry of its resume offer) or
+        # reconciled (a new session): either way without recomputing.
         healed = wait_until(
-            lambda: (r := drill.replicas("duo")["external"]).in_sync and r.dataflows_kept > before.dataflows_kept and r,
+            lambda: (r := drill.replicas("duo")["external"]).in_sync
+            and (r.dataflows_kept > before.dataflows_kept or r.resumes > before.resumes)
+            and r,
             90,
-            "the replica to rejoin, reconciled, after the heal",
+            "the replica to rejoin, resumed or reconciled, after the heal",
         )
     assert drill.failures == [] and len(results) > 5
-    assert healed.pid == before.pid  # the same process: it reconciled rather than restarting
+    assert healed.pid == before.pid  # the same process: it rejoined rather than restarting
     assert healed.dataflows_built == before.dataflows_built
+
+
+def test_a_cut_stream_resumes_the_session_with_just_what_it_missed(drill):
+    before = drill.replicas("duo")["external"]
+    with drill.peek_loop("duo") as results:
+        drill.client.append("sales", [{"id": 1000, "region": "north", "amount": 1.0}])
+        drill.proxy.cut()  # both ends see the stream break at once; the process lives on
+        resumed = wait_until(
+            # (pid: its first heartbeat on the new stream, which carries its counters)
+            lambda: (r := drill.replicas("duo")["external"]).resumes > before.resumes and r.in_sync and r.pid and r,
+            60,
+            "the replica to resume its session",
+        )
+        drill.client.append("sales", [{"id": 1001, "region": "south", "amount": 2.0}])
+        time.sleep(1)  # peeks keep going over the resumed session
+    assert drill.failures == [] and len(results) > 5
+    assert resumed.epoch > before.epoch and resumed.pid == before.pid
+    # Near-horizon: no new session, so nothing replayed, reconciled or rebuilt.
+    assert (resumed.replays, resumed.dataflows_kept, resumed.dataflows_built) == (
+        before.replays,
+        before.dataflows_kept,
+        before.dataflows_built,
+    )
 
 
 def test_one_replica_killed_peeks_wait_or_fail_clearly_never_wrongly(drill):

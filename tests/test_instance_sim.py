@@ -35,6 +35,7 @@ from history import (
     AllowCompaction,
     CancelPeek,
     ComputeCommand,
+    ComputeParameters,
     CreateDataflow,
     CreateInstance,
     DataflowDescription,
@@ -48,6 +49,7 @@ from history import (
     PeekCanceled,
     PeekResponse,
     PeekRows,
+    Resume,
     Schedule,
     StatusResponse,
     apply,
@@ -80,11 +82,12 @@ def new_instance(**options) -> ComputeInstance:
 
 
 def connect(instance: ComputeInstance, name: str) -> tuple[ComputeCommand, ...]:
-    """Add replica `name` (if new) and open its connection; the replayed commands."""
+    """Add replica `name` (if new) and open its connection as a new session; the replayed
+    commands."""
     if name not in instance.replicas:
         assert instance.add_replica(name) == [Connect(name, 1)]
     epoch = instance.replicas[name].epoch
-    (send,) = instance.replica_connected(name, epoch)
+    (send,) = instance.replica_connected(name, epoch, f"{name}-{epoch}")
     assert isinstance(send, Send) and (send.replica, send.epoch) == (name, epoch)
     return send.commands
 
@@ -173,13 +176,16 @@ def test_a_crashed_replica_is_rehydrated_with_the_next_epoch_and_replays_the_red
     effects = instance.replica_failed("r1", 1, "stream broken")
 
     assert effects[0] == Disconnect("r1", 1)
-    assert Connect("r1", 2) in effects
-    assert instance.replicas["r1"].phase == "connecting" and instance.replicas["r1"].frontiers == {}
+    (offer,) = [e for e in effects if isinstance(e, Connect)]
+    assert (offer.epoch, offer.resume.nonce) == (2, "r1-1")  # the process, if alive, may resume
+    # Its frontiers hold its inputs while it may resume its session ...
+    assert instance.replicas["r1"].phase == "connecting" and instance.replicas["r1"].frontiers
     stale = FrontiersResponse("u2", Frontier(500))
     assert instance.handle_response("r1", 1, stale) == []  # of the old epoch: ignored
     assert instance.replica_failed("r1", 1, "again") == []  # so is its failure
     replay = connect(instance, "r1")
     assert instance.replicas["r1"].epoch == 2
+    assert instance.replicas["r1"].frontiers == {}  # ... and go once a new session starts
     assert list(replay) == reduce_commands(replay)  # reduced: a fixed point
     assert replay[0] == CreateInstance(CONFIG) and replay[-1] == InitializationComplete()
     assert apply(replay) == full_before  # the same meaning as everything sent so far
@@ -189,6 +195,84 @@ def test_a_crashed_replica_is_rehydrated_with_the_next_epoch_and_replays_the_red
     ]
     assert Peek("p1", IndexTarget("u3"), 360) in replay
     assert sum(isinstance(c, Schedule) for c in replay) == 2
+
+
+def sent_to(effects: list, name: str) -> list[ComputeCommand]:
+    return [c for e in effects if isinstance(e, Send) and e.replica == name for c in e.commands]
+
+
+def resumable_instance() -> tuple[ComputeInstance, list[ComputeCommand]]:
+    """One replica r1 with four dataflows and a pending peek; what r1 was sent."""
+    instance = new_instance()
+    received = list(connect(instance, "r1"))
+    for id in ("u2", "u3", "u5", "u6"):  # enough that the gap below does not reduce
+        received += sent_to(instance.create_dataflow(dataflow(id, as_of=100)), "r1")
+    instance.history.reduce()  # the horizon: the two commands below are held as pushed
+    received += sent_to(report(instance, "r1", "u2", 150), "r1")
+    received += sent_to(instance.peek(Peek("p1", IndexTarget("u2"), 149)), "r1")
+    return instance, received
+
+
+@pytest.mark.parametrize("lost_in_flight", [0, 2])
+def test_a_live_replica_resumes_its_session_with_just_the_commands_it_missed(lost_in_flight: int):
+    instance, sent = resumable_instance()
+    received = sent[: len(sent) - lost_in_flight]  # the last ones died with the stream
+    effects = instance.replica_failed("r1", 1, "stream broken")
+    (offer,) = [e for e in effects if isinstance(e, Connect)]
+    assert offer.epoch == 2 and offer.resume.nonce == "r1-1"
+    assert offer.resume.min_applied <= len(received)  # what it missed is still held
+    # While it is away, the instance moves on: a compaction and a second peek.
+    instance.create_dataflow(dataflow("u4", as_of=120))
+    instance.peek(Peek("p2", IndexTarget("u2"), 149))
+
+    (send,) = instance.replica_connected("r1", 2, "r1-2", True, len(received))
+
+    assert send.replica == "r1" and send.epoch == 2
+    suffix = list(send.commands)
+    # The pending peek p1 again if it had arrived (its answer may have been lost in
+    # flight), the commands lost in flight (p1 among them), then what was pushed
+    # meanwhile: CreateDataflow, Schedule, Peek.
+    p1 = Peek("p1", IndexTarget("u2"), 149)
+    assert suffix.count(p1) == 1
+    assert len(suffix) == (0 if lost_in_flight else 1) + lost_in_flight + 3
+    assert apply(received + suffix) == apply(instance.history.commands)
+    replica = instance.replicas["r1"]
+    assert (replica.phase, replica.resumes, replica.replays) == ("active", 1, 1)
+    assert replica.as_ofs["u4"] == Frontier(120)
+    # The kept session answers the peek it had before the break, on the new connection.
+    effects = instance.handle_response("r1", 2, PeekResponse("p1", rows("a")))
+    assert PeekDone("p1", rows("a"), "r1") in effects
+    # The session's position still maps: a second break resumes after what was sent.
+    sent_after = sent_to(effects, "r1")
+    effects = instance.replica_failed("r1", 2, "stream broken again")
+    (send,) = instance.replica_connected("r1", 3, "r1-3", True, len(received) + len(suffix) + len(sent_after))
+    assert [type(c) for c in send.commands] == [Peek]  # only p2 is pending: sent again
+
+
+def test_a_session_is_not_resumed_once_a_reduction_rewrote_what_it_missed():
+    instance, received = resumable_instance()
+    instance.replica_failed("r1", 1, "stream broken")
+    for time in range(160, 1_000, 10):  # the history doubles and reduces meanwhile
+        instance.update_configuration(ComputeParameters(heartbeat_interval_ms=time))
+    assert instance.history.horizon > instance.replicas["r1"].session.replay_position + len(received)
+
+    effects = instance.replica_connected("r1", 2, "r1-2", True, len(received))
+
+    # The replica resumed (it could not know), but its suffix is gone: fail it, and offer
+    # no resume to the next incarnation, which replays the reduced history.
+    assert effects[0] == Disconnect("r1", 2)
+    assert Connect("r1", 3, None) in effects
+    replay = connect(instance, "r1")
+    assert replay[0] == CreateInstance(CONFIG) and apply(replay) == apply(instance.history.commands)
+    assert (instance.replicas["r1"].resumes, instance.replicas["r1"].replays) == (0, 2)
+
+
+def test_a_replica_that_lost_its_session_replays_the_reduced_history():
+    instance, _ = resumable_instance()
+    instance.replica_failed("r1", 1, "process killed")
+    replay = connect(instance, "r1")  # a new process: HelloAck(resumed=False)
+    assert replay[0] == CreateInstance(CONFIG) and apply(replay) == apply(instance.history.commands)
+    assert instance.replicas["r1"].session.nonce == "r1-2"
 
 
 def test_a_crashed_replica_comes_back_in_the_simulator_and_serves_again():
@@ -221,11 +305,17 @@ def test_a_hung_replica_is_failed_after_replica_timeout_ms():
     assert instance.tick(4_500) == []  # silent for exactly the timeout: still fine
     effects = instance.tick(4_501)
 
-    assert Disconnect("r1", 1) in effects and Connect("r1", 2) in effects
+    assert Disconnect("r1", 1) in effects and Connect("r1", 2, Resume("r1-1", 2)) in effects
     replica = instance.replicas["r1"]
     assert (replica.phase, replica.epoch, replica.failures) == ("connecting", 2, 1)
     assert replica.last_failure == "no message for 2001 ms"
-    assert instance.tick(10_000) == []  # a connecting replica is not timed out again
+    # Its resume offer (and the input holds kept for it) expire after the timeout too;
+    # the next incarnation starts a new session and waits for as long as it takes.
+    assert instance.tick(6_501) == []
+    effects = instance.tick(6_502)
+    assert Disconnect("r1", 2) in effects and Connect("r1", 3, None) in effects
+    assert replica.last_failure == "did not resume its session within 2001 ms"
+    assert instance.tick(20_000) == []
 
 
 def test_drop_replica_is_refused_below_min_in_sync_without_force():
@@ -464,6 +554,8 @@ def test_random_runs_exercise_every_fault():
         "refused create_dataflow",
         "refused drop_dataflow",
         "refused drop_replica",
+        "sessions started",
+        "sessions resumed",  # near-horizon rehydration
     ):
         assert totals.get(key, 0) > 0, f"no {key!r} in 20 seeds: {totals}"
 

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 import history as h
 from protocol import (
+    HelloAck,
     ProtocolError,
     Refusal,
     command_from_proto,
@@ -47,7 +48,7 @@ def _assert_same(decoded, original) -> None:
 
 def test_strategies_cover_every_type():
     assert set(COMMANDS) == {h.Hello, *get_args(h.ComputeCommand)}
-    assert set(RESPONSES) == {Refusal, *get_args(h.ComputeResponse)}
+    assert set(RESPONSES) == {Refusal, HelloAck, *get_args(h.ComputeResponse)}
 
 
 @pytest.mark.parametrize("kind", COMMANDS, ids=lambda kind: kind.__name__)
@@ -74,6 +75,12 @@ def test_absent_and_zero_stay_apart():
     bare = h.Peek("p", h.IndexTarget("u1"), 0, h.RowSetFinishing())
     _assert_same(command_from_proto(_over_the_wire(command_to_proto(bare))), bare)
     assert command_to_proto(peek) != command_to_proto(bare)
+
+
+def test_hello_without_resume_and_with_an_empty_one_stay_apart():
+    for resume in (None, h.Resume("", 0)):
+        hello = h.Hello(1, "n", resume)
+        _assert_same(command_from_proto(_over_the_wire(command_to_proto(hello))), hello)
 
 
 def test_frontier_zero_and_empty_stay_apart():
@@ -122,6 +129,10 @@ MALFORMED_COMMANDS = {
         "create_dataflow: a time must not be negative",
     ),
     "negative peek time": (_peek(timestamp=-1), "peek: a time must not be negative"),
+    "negative min_applied": (
+        pb.ComputeCommand(hello=pb.Hello(nonce="n", resume=pb.Resume(nonce="o", min_applied=-1))),
+        "hello: min_applied must not be negative, got -1",
+    ),
     "peek target missing": (_peek(index=None), "Peek.target is not set"),
     "unknown predicate op": (_filter(pb.Predicate(column="a", op=99)), "unknown PredicateOp 99"),
     "unspecified predicate op": (_filter(pb.Predicate(column="a")), "unknown PredicateOp 0"),
@@ -167,6 +178,10 @@ MALFORMED_RESPONSES = {
         pb.ComputeResponse(refusal=pb.Refusal(message="no")),
         "unknown RefusalCode 0",
     ),
+    "negative applied": (
+        pb.ComputeResponse(hello_ack=pb.HelloAck(resumed=True, applied=-3)),
+        "hello_ack: applied must not be negative, got -3",
+    ),
 }
 
 
@@ -196,6 +211,10 @@ UNENCODABLE_COMMANDS = {
         "unknown import kind 'file'",
     ),
     "epoch beyond int64": (h.Hello(2**64, "n"), "cannot encode Hello"),
+    "negative min_applied": (
+        h.Hello(1, "n", h.Resume("o", -1)),
+        "cannot encode Hello: min_applied must not be negative",
+    ),
     "not a command": ("CreateInstance", "unknown command type <class 'str'>"),
 }
 
@@ -213,6 +232,8 @@ def test_unencodable_response_is_refused():
         response_to_proto(h.Schedule("u1"), "n")
     with pytest.raises(ProtocolError, match="unknown refusal code 'bored'"):
         response_to_proto(Refusal("bored", "no"), "n")  # type: ignore[arg-type]
+    with pytest.raises(ProtocolError, match="cannot encode HelloAck: applied must not be negative"):
+        response_to_proto(HelloAck(False, -1), "n")
 
 
 # --- Arrow IPC -------------------------------------------------------------------------
@@ -262,8 +283,9 @@ def test_bytes_that_are_not_arrow_are_refused(data):
 
 
 class _EchoReplica(compute_pb2_grpc.ComputeReplicaServicer):
-    """A replica reduced to its protocol: refuses a Hello below epoch 1, answers a peek
-    with `ROWS` and a compaction with its frontier, and tags every answer with the nonce."""
+    """A replica reduced to its protocol: refuses a Hello below epoch 1 and acknowledges
+    any other as a new session, answers a peek with `ROWS` and a compaction with its
+    frontier, and tags every answer with the nonce."""
 
     async def CommandStream(self, request_iterator, context):
         nonce = ""
@@ -275,6 +297,7 @@ class _EchoReplica(compute_pb2_grpc.ComputeReplicaServicer):
                     yield response_to_proto(refusal, command.nonce)
                     return
                 nonce = command.nonce
+                yield response_to_proto(HelloAck(False, 0), nonce)
             elif isinstance(command, h.Peek):
                 rows = h.PeekRows(table_to_ipc(ROWS), ROWS.num_rows, "abc")
                 yield response_to_proto(h.PeekResponse(command.uuid, rows), nonce)
@@ -304,13 +327,14 @@ async def _converse(commands: list) -> list[tuple[str, object]]:
 
 def test_compute_stream_end_to_end():
     commands = [
-        h.Hello(controller_epoch=3, nonce="n-3"),
+        h.Hello(controller_epoch=3, nonce="n-3", resume=h.Resume("n-2", 7)),
         h.CreateInstance(h.InstanceConfig.of("i", {"spark.sql.shuffle.partitions": "4"})),
         h.Peek("p1", h.IndexTarget("u1"), 5),
         h.AllowCompaction("u1", h.Frontier.empty()),
     ]
-    (nonce_1, peek), (nonce_2, frontiers) = asyncio.run(_converse(commands))
-    assert nonce_1 == nonce_2 == "n-3"
+    (nonce_0, ack), (nonce_1, peek), (nonce_2, frontiers) = asyncio.run(_converse(commands))
+    assert nonce_0 == nonce_1 == nonce_2 == "n-3"
+    assert ack == HelloAck(resumed=False, applied=0)
     assert peek.uuid == "p1" and peek.result.row_count == ROWS.num_rows
     assert ipc_to_table(peek.result.arrow_ipc).equals(ROWS, check_metadata=True)
     assert frontiers == h.FrontiersResponse("u1", h.Frontier.empty())

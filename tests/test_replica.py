@@ -1,7 +1,8 @@
 """The replica service with real processes, a real gRPC channel and real Spark.
 
 Two replica processes (`local[1]` and `local[2]`) serve one instance for the whole
-module; a scripted controller in the test drives them. Answers are checked against the
+module; a scripted controller in the test drives them. The tests share the processes
+and run in order: later ones use the dataflows and epochs of earlier ones. Answers are checked against the
 same SQL run directly with Spark, in the test process, on the storage snapshot.
 """
 
@@ -16,7 +17,7 @@ import pytest
 
 import history as h
 from catalog import Catalog
-from protocol import ipc_to_table
+from protocol import HelloAck, ipc_to_table
 from replica_harness import ReplicaProcess, ScriptedClient
 from replica_service import _spark
 from storage import Storage, schema_to_ddl
@@ -30,24 +31,40 @@ REGIONS = "region STRING NOT NULL, country STRING"
 class Controller:
     """A scripted controller for one replica: a history, pushed before it is sent."""
 
-    def __init__(self, address: str, instance: h.InstanceConfig, epoch: int = 1) -> None:
+    def __init__(self, address: str, instance: h.InstanceConfig, epoch: int = 1, resume: h.Resume | None = None) -> None:
         self.address = address
         self.history = h.CommandHistory([h.CreateInstance(instance)])
-        self.client = ScriptedClient(address, epoch=epoch)
-        self.client.send(h.CreateInstance(instance), h.InitializationComplete())
+        self.client = self._connect(epoch, None, resume)
 
     def send(self, *commands: h.ComputeCommand) -> None:
         for command in commands:
             self.history.push(command)
             self.client.send(command)
 
-    def reconnect(self, epoch: int, history: list[h.ComputeCommand] | None = None) -> ScriptedClient:
-        """A new connection replaying the reduced history (or `history`)."""
-        self.client.close()
-        self.client = ScriptedClient(self.address, epoch=epoch)
-        replay = history if history is not None else h.reduce_commands([*self.history.commands, h.InitializationComplete()])
-        self.client.send(*replay)
+    def reconnect(
+        self, epoch: int, history: list[h.ComputeCommand] | None = None, *, resume: h.Resume | None = None, close: bool = True
+    ) -> ScriptedClient:
+        """A new connection (the current one closed first, unless not to `close`) that
+        offers to `resume` a session; unless the replica resumes it, the reduced history
+        (or `history`) is replayed on it."""
+        if close:
+            self.client.close()
+        self.client = self._connect(epoch, history, resume)
         return self.client
+
+    def resume(self, min_applied: int) -> ScriptedClient:
+        """Cut the current connection and offer to resume its session."""
+        return self.reconnect(self.epoch, resume=h.Resume(self.client.nonce, min_applied))
+
+    def _connect(self, epoch: int, history: list[h.ComputeCommand] | None, resume: h.Resume | None) -> ScriptedClient:
+        self.epoch = epoch
+        client = ScriptedClient(self.address, epoch=epoch, resume=resume)
+        if not client.ack.resumed:
+            client.send(*(history if history is not None else self._replay()))
+        return client
+
+    def _replay(self) -> list[h.ComputeCommand]:
+        return h.reduce_commands([*self.history.commands, h.InitializationComplete()])
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +172,8 @@ def small(env):
 
 @pytest.fixture(scope="module")
 def large(env):
-    controller = Controller(env["large"].address, env["config"])
+    """Its first connection offers to resume a session the fresh process never had."""
+    controller = Controller(env["large"].address, env["config"], resume=h.Resume("no-such-session", 0))
     yield controller
     controller.client.close()
 
@@ -259,7 +277,13 @@ def test_stale_epoch_is_refused(env):
     refusal = client.wait_for(lambda r: r.refusal, 20, "a refusal")
     assert refusal.code == "stale_epoch" and "epoch 0 is stale" in refusal.message
     client.wait_for(lambda r: r.ended, 10, "the stream to end")
+    assert client.responses.first is refusal and client.responses.ack is None  # no HelloAck
     client.close()
+
+
+def test_a_fresh_process_starts_a_new_session(small, large):
+    # Whether or not the first Hello offered to resume a session.
+    assert small.client.ack == large.client.ack == HelloAck(resumed=False, applied=0)
 
 
 def test_a_failing_dataflow_does_not_stop_the_others(env, sales, small):
@@ -333,3 +357,97 @@ def test_reconnect_with_a_changed_definition_rebuilds_it(env, sales, small):
 
 def _index_of(env, name: str) -> str:
     return env["catalog"].dataflow_by_name(env["config"].name, name).index_id
+
+
+# --- Sessions ----------------------------------------------------------------------------
+
+
+def test_a_cut_stream_resumes_its_session(env, sales, small, spark):
+    old = small.reconnect(epoch=4)  # a session of its own
+    desc = _dataflow(env, "resumed_totals", TOTALS, {"sales": sales["id"]}, key=["region"])
+    index = desc.export_ids[0]
+    small.send(h.CreateDataflow(desc), h.Schedule(index))
+    old.wait_frontier(index, past=sales["times"][-1])
+    waiting = env["storage"].upper(sales["id"]).time  # readable after the next append
+    old.send(h.Peek("kept", h.IndexTarget(index), waiting, timeout_ms=120_000))
+    old.send(h.Peek("answered", h.IndexTarget(index), sales["times"][-1], timeout_ms=60_000))
+    old.wait_for(lambda r: r.peeks.get("answered"), 60, "the answered peek")  # so every command arrived
+    before = old.latest_status()
+
+    resumed = small.resume(min_applied=len(old.sent))
+    assert resumed.ack == HelloAck(resumed=True, applied=len(old.sent))
+    # Reported again at once, before any heartbeat.
+    first_status = resumed.wait_for(lambda r: r.statuses and r.statuses[0], 10, "a heartbeat")
+    assert resumed.responses.frontiers[index].is_complete(sales["times"][-1])
+    # As the controller does, send again the peeks it has no answer for (say "answered"'s
+    # answer was lost with the stream): answered once more, while "kept", still pending,
+    # is not restarted.
+    resumed.send(
+        h.Peek("answered", h.IndexTarget(index), sales["times"][-1], timeout_ms=60_000),
+        h.Peek("kept", h.IndexTarget(index), waiting, timeout_ms=120_000),
+    )
+    resumed.wait_for(lambda r: r.peeks.get("answered"), 60, "the answer sent again")
+    assert set(resumed.responses.peeks) == {"answered"}
+    t = append(env, sales, [{"id": 2000, "region": "north", "amount": 2.5}])
+    kept = resumed.wait_for(lambda r: r.peeks.get("kept"), 90, "the kept peek")
+    assert _rows(_peek_rows(kept)) == _rows(_expected(spark, env, TOTALS, {"sales": sales["id"]}, waiting))
+    resumed.wait_frontier(index, past=t)
+    assert resumed.responses.peek_counts["kept"] == 1  # sent twice, answered once
+    assert first_status.dataflows_built == before.dataflows_built  # nothing rebuilt
+    assert first_status.dataflows_kept == before.dataflows_kept  # nor reconciled
+
+    # Only the missing commands: the counting goes on, and nothing answered comes again.
+    resumed.send(h.CancelPeek("kept"), h.CancelPeek("answered"))
+    assert isinstance(resumed.peek(h.IndexTarget(index), t), h.PeekRows)
+    applied = len(old.sent) + len(resumed.sent)
+    again = small.resume(min_applied=applied)
+    assert again.ack == HelloAck(resumed=True, applied=applied)
+    again.wait_for(lambda r: r.statuses, 10, "a heartbeat")
+    assert again.responses.peeks == {}  # answers are not sent again: peeks are
+    assert again.responses.nonces == {again.nonce}
+    log = (env["root"] / "local[1].log").read_text()
+    assert log.count("dataflow resumed_totals built") == 1
+    assert f"nonce {again.nonce} resumes the session of connection {resumed.nonce} after {applied} commands" in log
+
+
+def test_a_session_is_not_resumed_without_a_match(env, sales, small):
+    index = _index_of(env, "resumed_totals")
+    first = small.reconnect(epoch=5)
+    first.send(h.Peek("orphan", h.IndexTarget(index), sales["times"][-1] + 10**9, timeout_ms=60_000))
+    first.peek(h.IndexTarget(index), sales["times"][-1])  # every command arrived
+    offers = [
+        (5, lambda current: h.Resume("not-" + current.nonce, 0)),  # another session
+        (5, lambda current: h.Resume(current.nonce, len(current.sent) + 1)),  # commands it lacks
+        (6, lambda current: h.Resume(current.nonce, len(current.sent))),  # another epoch
+    ]
+    for epoch, offer in offers:
+        current = small.client
+        client = small.reconnect(epoch, resume=offer(current), close=False)
+        assert client.ack == HelloAck(resumed=False, applied=0)
+        if current is first:  # a new session cancels the pending peeks of the old one
+            assert isinstance(first.wait_for(lambda r: r.peeks.get("orphan"), 10, "the cancel"), h.PeekCanceled)
+        current.wait_for(lambda r: r.ended, 10, "the superseded stream to end")
+        current.close()
+        client.wait_frontier(index, past=sales["times"][-1], timeout=30)  # the replay reconciled
+        client.peek(h.IndexTarget(index), sales["times"][-1])  # so every command arrived
+
+
+def test_a_session_resumed_while_buffering_keeps_buffering(env, sales, small):
+    index = _index_of(env, "resumed_totals")
+    replay = small._replay()
+    before = small.client.latest_status()
+    buffering = small.reconnect(epoch=7, history=replay[:-1])  # no InitializationComplete yet
+    time.sleep(1)  # for the commands to arrive; the ack says how many did
+    resumed = small.resume(min_applied=0)
+    ack = resumed.ack
+    assert ack.resumed and 0 < ack.applied <= len(buffering.sent)
+    resumed.wait_for(lambda r: r.statuses, 10, "a heartbeat")
+    assert resumed.responses.frontier_log == []  # nothing is reported before reconciliation
+    # The rest, without CreateInstance: a new session would refuse it.
+    resumed.send(*buffering.sent[ack.applied :], replay[-1])
+    resumed.wait_frontier(index, past=sales["times"][-1], timeout=30)
+    status = resumed.latest_status()
+    dataflows = sum(isinstance(c, h.CreateDataflow) for c in replay)
+    assert status.dataflows_kept == before.dataflows_kept + dataflows  # one reconciliation
+    assert status.dataflows_built == before.dataflows_built
+    assert resumed.responses.refusal is None
