@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -44,6 +45,7 @@ SIZES: Mapping[str, Size] = {
 }
 
 READY_TIMEOUT_S = 180  # a cold JVM start on a loaded 2-core machine
+STOP_GRACE_S = 20.0  # a replica stopping its SparkSession on a loaded machine
 
 
 def size_of(name: str) -> Size:
@@ -51,6 +53,25 @@ def size_of(name: str) -> Size:
     if size is None:
         raise ControllerError("INVALID_ARGUMENT", f"unknown replica size {name!r}; known sizes: {', '.join(SIZES)}")
     return size
+
+
+def _reap_group(pid: int, child: subprocess.Popen | None) -> None:
+    """Wait up to STOP_GRACE_S for process `pid` (reaping it if it is our child), then
+    kill what is left of its process group."""
+    deadline = time.monotonic() + STOP_GRACE_S
+    if child is not None:
+        try:
+            child.wait(STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
+    while child is None and pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # the whole group is gone
+    if child is not None:
+        child.wait()
 
 
 def pid_alive(pid: int | None) -> bool:
@@ -138,12 +159,18 @@ class Orchestrator:
         return json.loads(line)["address"]
 
     def stop(self, replica: ReplicaInfo) -> None:
-        """Ask a managed replica's process to shut down (SIGTERM), if it still runs."""
-        if replica.managed and self.alive(replica):
-            try:
-                os.killpg(replica.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+        """Ask a managed replica's process to shut down, if it still runs.
+
+        SIGTERM goes to the Python process alone: it stops its SparkSession, and its JVM
+        exits with it. (Signalling the whole group killed the JVM under a Spark that was
+        still stopping.) Whatever of the group outlives `STOP_GRACE_S` is killed."""
         child = self._children.pop(replica.pid, None)
-        if child is not None:
-            threading.Thread(target=child.wait, daemon=True).start()  # reap it
+        if not (replica.managed and self.alive(replica)):
+            if child is not None:
+                threading.Thread(target=child.wait, daemon=True).start()  # reap it
+            return
+        try:
+            os.kill(replica.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        threading.Thread(target=_reap_group, args=(replica.pid, child), daemon=True).start()
