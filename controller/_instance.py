@@ -321,7 +321,8 @@ class ComputeInstance:
             return self.replica_failed(replica.name, replica.epoch, f"cannot resume its session after {applied} commands")
         # Answers in flight on the broken stream are lost: send the pending peeks it had
         # again (it answers each once more; one it still works on is not restarted).
-        resent = [p.peek for p in self.peeks.values() if p.peek not in suffix]
+        in_suffix = {c.uuid for c in suffix if isinstance(c, Peek)}
+        resent = [p.peek for p in self.peeks.values() if p.peek.uuid not in in_suffix]
         replica.phase = "active"
         replica.last_heard_ms = self.now_ms
         replica.resumes += 1
