@@ -93,7 +93,8 @@ class Orchestrator:
         self.blob_dir = blob_dir
         self.log_dir = data_dir / "logs"
         self.work_root = data_dir / "replicas"
-        self._lock = threading.Lock()  # one spawn at a time: JVM starts compete for 2 cores
+        # One spawn at a time (JVM starts compete for 2 cores); reentrant for ensure_running.
+        self._lock = threading.RLock()
         # Processes this controller spawned, by pid: a dead child stays a zombie (and
         # looks alive to kill(pid, 0)) until it is reaped with poll().
         self._children: dict[int, subprocess.Popen] = {}
@@ -103,12 +104,18 @@ class Orchestrator:
         return child.poll() is None if child is not None else pid_alive(replica.pid)
 
     def ensure_running(self, replica: ReplicaInfo, launch_conf: Mapping[str, str]) -> str:
-        """The address of `replica`'s process, spawning a new incarnation if it died."""
+        """The address of `replica`'s process, spawning a new incarnation if it died.
+
+        Checked and spawned under the spawn lock, against the catalog's current record:
+        a newer incarnation's connection that asks while an older one's spawn is under
+        way must find that process, not start a second one (which nothing would stop)."""
         if not replica.managed:
             return replica.address
-        if replica.address and self.alive(replica):
-            return replica.address
-        return self.spawn(replica, launch_conf).address
+        with self._lock:
+            replica = self.catalog.get_replica(replica.instance, replica.name)
+            if replica.address and self.alive(replica):
+                return replica.address
+            return self.spawn(replica, launch_conf).address
 
     def spawn(self, replica: ReplicaInfo, launch_conf: Mapping[str, str]) -> ReplicaInfo:
         """Start a new process for `replica` and record it (incarnation + 1).
@@ -125,25 +132,34 @@ class Orchestrator:
             # process cannot clean up after itself, so the next incarnation does.
             work_dir = self.work_root / f"{replica.instance}-{replica.name}"
             shutil.rmtree(work_dir, ignore_errors=True)
-            command = [
-                sys.executable, "-m", "replica_service",
-                "--listen", "127.0.0.1:0",
-                "--catalog", self.catalog_url,
-                "--blob-dir", str(self.blob_dir),
-                "--work-dir", str(work_dir),
-                "--spark-master", replica.spark_master,
-                "--driver-memory", conf.pop("spark.driver.memory", SIZES.get(replica.size, SIZES["xsmall"]).driver_memory),
-            ]
-            for key, value in sorted(conf.items()):
-                command += ["--spark-conf", f"{key}={value}"]
             with open(log_path, "ab") as log_file:
                 process = subprocess.Popen(
-                    command, stdout=subprocess.PIPE, stderr=log_file, stdin=subprocess.DEVNULL, start_new_session=True
+                    self._command(replica, conf, work_dir),
+                    stdout=subprocess.PIPE,
+                    stderr=log_file,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
                 )
             self._children[process.pid] = process
             address = self._await_ready(process, log_path)
             log.info("replica %s/%s incarnation %d: pid %d at %s", replica.instance, replica.name, incarnation, process.pid, address)
             return self.catalog.update_replica(replica.instance, replica.name, address=address, pid=process.pid, incarnation=incarnation)
+
+    def _command(self, replica: ReplicaInfo, conf: dict[str, str], work_dir: Path) -> list[str]:
+        """The replica process's command line; it prints one JSON line with its address
+        when it is ready."""
+        command = [
+            sys.executable, "-m", "replica_service",
+            "--listen", "127.0.0.1:0",
+            "--catalog", self.catalog_url,
+            "--blob-dir", str(self.blob_dir),
+            "--work-dir", str(work_dir),
+            "--spark-master", replica.spark_master,
+            "--driver-memory", conf.pop("spark.driver.memory", SIZES.get(replica.size, SIZES["xsmall"]).driver_memory),
+        ]
+        for key, value in sorted(conf.items()):
+            command += ["--spark-conf", f"{key}={value}"]
+        return command
 
     def _await_ready(self, process: subprocess.Popen, log_path: Path) -> str:
         timer = threading.Timer(READY_TIMEOUT_S, process.kill)

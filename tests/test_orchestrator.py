@@ -1,0 +1,87 @@
+"""The orchestrator's process handling, with a stand-in for the replica process (a small
+Python program that prints the ready line), so no JVM starts.
+
+- concurrent `ensure_running` calls for a replica whose process died start ONE process;
+- `stop` sends SIGTERM to the replica's own process and, after the grace period, kills
+  what is left of its process group (a child that ignores SIGTERM, as a JVM busy
+  stopping would).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from catalog import Catalog
+from controller import _orchestrator
+from controller._orchestrator import Orchestrator, pid_alive
+from controller._process import _zombie
+
+# Prints the ready line, then starts a child in its own process group that ignores
+# SIGTERM and writes its pid to the file named by argv[1], then waits for SIGTERM.
+STAND_IN = r"""
+import json, os, signal, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+open(sys.argv[1], "w").write(str(child.pid))
+print(json.dumps({"address": f"127.0.0.1:{os.getpid()}"}), flush=True)
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def orchestrator(controller: Catalog, tmp_path: Path, monkeypatch) -> Orchestrator:
+    controller.create_instance("main")
+    controller.create_replica("main", "r1", size="xsmall", spark_master="local[1]")
+    spawned: list[int] = []
+
+    def command(self, replica, conf, work_dir):
+        spawned.append(1)
+        time.sleep(0.5)  # a slow start, so concurrent callers overlap
+        return [sys.executable, "-c", STAND_IN, str(tmp_path / f"child-{len(spawned)}")]
+
+    monkeypatch.setattr(Orchestrator, "_command", command)
+    orchestrator = Orchestrator(controller, "sqlite://", tmp_path / "blobs", tmp_path)
+    orchestrator.spawned = spawned
+    yield orchestrator
+    for replica in controller.list_replicas("main"):
+        orchestrator.stop(replica)
+
+
+def test_concurrent_callers_for_a_dead_replica_start_one_process(orchestrator: Orchestrator, controller: Catalog):
+    stale = controller.get_replica("main", "r1")  # as both connection attempts read it
+    addresses: list[str] = []
+    callers = [threading.Thread(target=lambda: addresses.append(orchestrator.ensure_running(stale, {}))) for _ in range(3)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join(30)
+    recorded = controller.get_replica("main", "r1")
+    assert len(orchestrator.spawned) == 1 and recorded.incarnation == 1
+    assert addresses == [recorded.address] * 3 and pid_alive(recorded.pid)
+
+
+def test_stop_terminates_the_replica_then_kills_what_is_left_of_its_group(orchestrator: Orchestrator, controller: Catalog, tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(_orchestrator, "STOP_GRACE_S", 1.0)
+    orchestrator.ensure_running(controller.get_replica("main", "r1"), {})
+    replica = controller.get_replica("main", "r1")
+    child = int((tmp_path / "child-1").read_text())
+    assert running(child)
+
+    orchestrator.stop(replica)
+
+    deadline = time.monotonic() + 10
+    while (running(replica.pid) or running(child)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not orchestrator.alive(replica)  # it exited on SIGTERM (and was reaped)
+    assert not running(child)  # the straggler that ignored SIGTERM was killed with the group
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie may wait for a reaper that never comes)."""
+    return pid_alive(pid) and not _zombie(pid)
