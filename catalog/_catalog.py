@@ -332,14 +332,9 @@ class Catalog:
 
     def collection_by_name(self, name: str) -> CollectionInfo:
         """The live source or materialized view named `name` (an index is found through
-        its instance: `index_by_name`)."""
+        its dataflow: `dataflow_by_name(instance, name).index_id`)."""
         with self._read() as session:
             return _collections.collection_by_name(session, name)
-
-    def index_by_name(self, instance: str, name: str) -> CollectionInfo:
-        """The index of `instance` named `name` (exported by its dataflow `name`)."""
-        with self._read() as session:
-            return _collections.index_by_name(session, instance, name)
 
     def list_collections(self, *, include_dropped: bool = False) -> list[CollectionInfo]:
         with self._read() as session:

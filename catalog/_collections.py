@@ -7,9 +7,9 @@ Rules:
 - Dataflow names are unique per instance. A dataflow `N` exports an index named `N`, a
   materialized view named `N`, or both; so index names ('compute' namespace) are unique
   per instance only, and two instances may each have an index `totals`. An index is
-  therefore found through its instance (`index_by_name`), never by name alone. Live
-  'storage' names (sources and materialized views, shared by all instances) are unique
-  across the catalog.
+  therefore found through its instance's dataflow (`dataflow_by_name`), never by name
+  alone. Live 'storage' names (sources and materialized views, shared by all instances)
+  are unique across the catalog.
 - Nothing is dropped while a live dataflow imports it. A storage collection that is
   dropped loses its batches and holds in the same transaction; their files are retired
   (see `RetiredBlob`) for `Storage.collect_garbage`.
@@ -117,7 +117,7 @@ def get_collection(session: Session, id: str) -> CollectionInfo:
 
 def collection_by_name(session: Session, name: str) -> CollectionInfo:
     """The live source or materialized view named `name`. Indexes are not found by name
-    alone: their names are unique per instance only (see `index_by_name`)."""
+    alone: their names are unique per instance only (see `dataflow_by_name`)."""
     row = session.scalars(
         select(Collection).where(
             Collection.namespace == STORAGE,
@@ -310,14 +310,6 @@ def dataflow_by_name(session: Session, instance: str, name: str) -> DataflowInfo
     if row is None:
         raise NotFound(f"instance {instance!r} has no dataflow named {name!r}")
     return dataflow_info(row)
-
-
-def index_by_name(session: Session, instance: str, name: str) -> CollectionInfo:
-    """The index named `name` on `instance`: the one its dataflow `name` exports."""
-    dataflow = dataflow_by_name(session, instance, name)
-    if dataflow.index_id is None:
-        raise NotFound(f"dataflow {name!r} of instance {instance!r} exports no index")
-    return collection_info(collection_row(session, dataflow.index_id))
 
 
 def list_dataflows(session: Session, instance: str | None) -> list[DataflowInfo]:

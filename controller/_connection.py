@@ -69,7 +69,11 @@ class ReplicaConnection:
             ):
                 with attempt:
                     attempts += 1
-                    address = await self.resolve_address(attempts)
+                    try:
+                        address = await self.resolve_address(attempts)
+                    except Exception as e:  # e.g. a respawned process exited before it was ready
+                        log.warning("replica %s (epoch %d): no address yet: %s", self.replica, self.epoch, e)
+                        raise ConnectFailed(str(e)) from None
                     channel = grpc.aio.insecure_channel(
                         address,
                         options=[
@@ -85,11 +89,14 @@ class ReplicaConnection:
             call = compute_pb2_grpc.ComputeReplicaStub(channel).CommandStream()
             await call.write(command_to_proto(Hello(self.controller_epoch, self.nonce, self.resume)))
             answer = await self._handshake(call)
-            if isinstance(answer, HelloAck):
-                self.on_connected(self.nonce, answer)
-                reason = await self._pump(call)
-            else:
+            if isinstance(answer, str):
                 reason = answer
+            else:
+                ack, first_response = answer
+                self.on_connected(self.nonce, ack)
+                if first_response is not None:
+                    self.on_response(first_response)
+                reason = await self._pump(call)
         except asyncio.CancelledError:
             if channel is not None:
                 await channel.close()
@@ -101,20 +108,24 @@ class ReplicaConnection:
         log.warning("replica %s (epoch %d): %s", self.replica, self.epoch, reason)
         self.on_failure(reason)
 
-    async def _handshake(self, call) -> HelloAck | str:
-        """The replica's answer to `Hello`, or why there is none."""
+    async def _handshake(self, call) -> tuple[HelloAck, ComputeResponse | None] | str:
+        """The replica's answer to `Hello` (and a response that came in its place), or
+        why there is none."""
         try:
             message = await asyncio.wait_for(call.read(), HANDSHAKE_TIMEOUT_S)
         except asyncio.TimeoutError:
             return f"no answer to Hello within {HANDSHAKE_TIMEOUT_S:.0f} s"
         if message is grpc.aio.EOF:
             return "the replica closed the stream before answering Hello"
-        _, answer = response_from_proto(message)
+        nonce, answer = response_from_proto(message)
         if isinstance(answer, Refusal):
             return f"refused ({answer.code}): {answer.message}"
-        if not isinstance(answer, HelloAck):
-            return f"protocol violation: {type(answer).__name__} before HelloAck"
-        return answer
+        if isinstance(answer, HelloAck):
+            return answer, None
+        # A replica process older than HelloAck (managed replicas outlive a controller
+        # upgrade): it ignored the resume offer, so its session is new.
+        log.info("replica %s (epoch %d) answers without HelloAck: a new session", self.replica, self.epoch)
+        return HelloAck(resumed=False, applied=0), answer if nonce == self.nonce else None
 
     async def _pump(self, call) -> str:
         """Write queued commands and read responses until one side fails; the reason.

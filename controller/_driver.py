@@ -2,10 +2,11 @@
 
 Client requests, replica responses, failures and clock ticks all become steps; each step
 is one synchronous call into the state machine, after which the driver carries out the
-effects it returned, in order. Steps run one at a time in arrival order: at once when
-nothing is queued, else queued to the driver task. Effects that need the
-catalog (durable holds and sinces) run on one worker thread, off the loop, coalesced to
-the latest value per hold or since.
+effects it returned, in order. A step runs at once, in the task or callback that asks
+for it: steps and effects never await, and no effect calls back into the driver, so
+steps on the one event loop never interleave (a reentrant step is refused). Effects that
+need the catalog (durable holds and sinces) run on one worker thread, off the loop,
+coalesced to the latest value per hold or since.
 """
 
 from __future__ import annotations
@@ -65,7 +66,6 @@ class InstanceDriver:
         self._durable_flush: asyncio.Task | None = None
         self.connections: dict[str, ReplicaConnection] = {}
         self.peek_waiters: dict[str, asyncio.Future[tuple[PeekResult, str | None]]] = {}
-        self._steps: asyncio.Queue[tuple[Step, asyncio.Future | None]] = asyncio.Queue()
         self._stepping = False
         self._tasks: list[asyncio.Task] = []
 
@@ -75,7 +75,7 @@ class InstanceDriver:
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._run()), loop.create_task(self._tick())]
+        self._tasks = [loop.create_task(self._tick())]
 
     async def stop(self) -> None:
         for task in [*self._tasks, *filter(None, [self._durable_flush])]:
@@ -92,54 +92,33 @@ class InstanceDriver:
 
         An `InstanceError` raised by the step becomes a `ControllerError`; the instance is
         unchanged by a refused step."""
-        if self._may_run_now():
-            return self._execute(step)
-        future = asyncio.get_running_loop().create_future()
-        self._steps.put_nowait((step, future))
-        return await future
+        return self._execute(step)
 
     def post(self, step: Step) -> None:
-        """Run `step` without waiting for its result (responses, failures)."""
-        if self._may_run_now():
-            try:
-                self._execute(step)
-            except Exception:  # logged by _execute, or a refusal no one waits for
-                pass
-        else:
-            self._steps.put_nowait((step, None))
-
-    def _may_run_now(self) -> bool:
-        """A step may run in the caller when no queued step would be overtaken and none is
-        running: steps are synchronous and all on this event loop, so running it now is
-        the same as queuing it, less two task switches on every peek."""
-        return not self._stepping and self._steps.empty()
+        """Run `step` for its effects alone (responses, failures, ticks)."""
+        try:
+            self._execute(step)
+        except ControllerError:
+            pass  # a refusal no one waits for
+        except Exception:
+            pass  # a bug, logged by _execute; the driver carries on
 
     def _execute(self, step: Step) -> Any:
+        if self._stepping:
+            raise RuntimeError(f"instance {self.name}: a step started inside another step")
         self._stepping = True
         try:
             result = step(self.instance)
+            effects, value = result if isinstance(result, tuple) else (result, None)
+            self._apply(effects or [])
+            return value
         except InstanceError as e:
             raise ControllerError(e.code, str(e)) from None
-        except Exception:  # a bug: the instance task lives on, the caller fails
+        except Exception:
             log.exception("instance %s: step failed", self.name)
             raise
         finally:
             self._stepping = False
-        effects, value = result if isinstance(result, tuple) else (result, None)
-        self._apply(effects or [])
-        return value
-
-    async def _run(self) -> None:
-        while True:
-            step, future = await self._steps.get()
-            try:
-                value = self._execute(step)
-            except Exception as e:
-                if future is not None:
-                    future.set_exception(e)
-                continue
-            if future is not None and not future.done():
-                future.set_result(value)
 
     async def _tick(self) -> None:
         while True:

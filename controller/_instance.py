@@ -52,6 +52,7 @@ from history import (
     StatusResponse,
     UpdateConfiguration,
     meet_all,
+    reduce_commands,
 )
 
 # --- Effects --------------------------------------------------------------------------
@@ -141,16 +142,19 @@ ReplicaPhase = Literal["connecting", "active", "failed"]
 class Session:
     """A replica session this controller opened, through its current connection `nonce`.
 
-    The session began with the replay of `replay_length` commands when `replay_position`
-    commands had been pushed; every command pushed later was sent to it while it was
-    active, or is in the suffix a resume sends. So a session that has received `applied`
-    commands stands at absolute history position
-    `replay_position + applied - replay_length`.
+    When it had received `replay_length` commands, it stood at absolute history position
+    `replay_position` (set by the replay that opened it, and again by each resume, whose
+    re-sent peeks the history does not count); every command pushed later was sent to it
+    while it was active, or is in the suffix a resume sends. So a session that has
+    received `applied` commands stands at `replay_position + applied - replay_length`.
+    `detached_ms` is when it last stopped being active (None while it is): a resume
+    offer expires `replica_timeout_ms` after it, however many incarnations try.
     """
 
     nonce: str
     replay_position: int
     replay_length: int
+    detached_ms: int | None = None
 
     def position(self, applied: int) -> int | None:
         """The history position after `applied` commands; None inside the replay."""
@@ -161,8 +165,9 @@ class Session:
 class ReplicaState:
     """What the controller knows of one replica, for its current incarnation `epoch`.
 
-    Lifecycle of `frontiers`: filled by `Frontiers` responses of the current epoch,
-    cleared when the replica fails (its input holds go with it). Lifecycle of `as_ofs`:
+    Lifecycle of `frontiers`: filled by `Frontiers` responses of the current session;
+    kept while a failed replica may resume it (they hold its inputs), cleared when a new
+    session starts or the resume offer is withdrawn. Lifecycle of `as_ofs`:
     the `as_of` each collection was built from in the current session, filled when its
     `CreateDataflow` is sent (in the replay, a resume's suffix, or live), reset when a new
     session starts. `session` outlives a failure, so that the next incarnation can offer
@@ -299,16 +304,16 @@ class ComputeInstance:
         replica.phase = "active"
         replica.last_heard_ms = self.now_ms
         replica.replays += 1
-        self.history.reduce()
-        replica.session = Session(nonce, self.history.position, len(self.history))
+        # The history itself is not reduced here: that would move its horizon under
+        # other replicas whose resumes are in flight.
+        replay = reduce_commands(self.history.commands)
+        replica.session = Session(nonce, self.history.position, len(replay))
         replica.as_ofs = {}
-        self._note_as_ofs(replica, self.history.commands)
-        replay = Send(name, epoch, tuple(self.history.commands))
-        if not replica.frontiers:
-            return [replay]
+        self._note_as_ofs(replica, replay)
         # The old session's frontiers held its inputs for a resume that did not come.
+        # (The new session holds them at its as_ofs until it reports.)
         replica.frontiers.clear()
-        return [replay, *self._update_holds()]
+        return [Send(name, epoch, tuple(replay))]
 
     def _resume(self, replica: ReplicaState, nonce: str, applied: int) -> list[Effect]:
         session = replica.session
@@ -326,8 +331,9 @@ class ComputeInstance:
         replica.phase = "active"
         replica.last_heard_ms = self.now_ms
         replica.resumes += 1
-        # The resent peeks are commands the history does not count: restart the mapping.
-        replica.session = Session(nonce, self.history.position, applied + len(resent) + len(suffix))
+        # The resent peeks are commands the history does not count: re-base the mapping.
+        session.nonce, session.detached_ms = nonce, None
+        session.replay_position, session.replay_length = self.history.position, applied + len(resent) + len(suffix)
         self._note_as_ofs(replica, suffix)
         commands = (*resent, *suffix)
         return [Send(replica.name, replica.epoch, commands)] if commands else []
@@ -352,10 +358,12 @@ class ComputeInstance:
             return []
         replica.failures += 1
         replica.last_failure = reason
-        replica.phase = "failed"
-        replica.status = None
         if replica.session is None:
             replica.frontiers.clear()
+        elif replica.phase == "active":
+            replica.session.detached_ms = self.now_ms
+        replica.phase = "failed"
+        replica.status = None
         return [Disconnect(name, epoch), *self.maintain()]
 
     def _replica(self, name: str) -> ReplicaState:
@@ -539,14 +547,15 @@ class ComputeInstance:
         effects: list[Effect] = []
         for replica in list(self.replicas.values()):
             silent = self.now_ms - replica.last_heard_ms
-            if silent <= self.options.replica_timeout_ms:
-                continue
-            if replica.phase == "active":
+            session = replica.session
+            if replica.phase == "active" and silent > self.options.replica_timeout_ms:
                 effects += self.replica_failed(replica.name, replica.epoch, f"no message for {silent} ms")
-            elif replica.phase == "connecting" and replica.session is not None:
-                # Withdraw the resume offer, and with it the holds kept for that session.
-                replica.session = None
-                effects += self.replica_failed(replica.name, replica.epoch, f"did not resume its session within {silent} ms")
+            elif replica.phase == "connecting" and session is not None and session.detached_ms is not None:
+                detached = self.now_ms - session.detached_ms
+                if detached > self.options.replica_timeout_ms:
+                    # Withdraw the resume offer, and with it the holds kept for that session.
+                    replica.session = None
+                    effects += self.replica_failed(replica.name, replica.epoch, f"did not resume its session within {detached} ms")
         return effects + self.maintain()
 
     # --- Maintenance ------------------------------------------------------------------

@@ -55,13 +55,13 @@ def size_of(name: str) -> Size:
     return size
 
 
-def _reap_group(pid: int, child: subprocess.Popen | None) -> None:
-    """Wait up to STOP_GRACE_S for process `pid` (reaping it if it is our child), then
-    kill what is left of its process group."""
-    deadline = time.monotonic() + STOP_GRACE_S
+def _reap_group(pid: int, child: subprocess.Popen | None, grace_s: float) -> None:
+    """Wait up to `grace_s` for process `pid` (reaping it if it is our child), then kill
+    what is left of its process group."""
+    deadline = time.monotonic() + grace_s
     if child is not None:
         try:
-            child.wait(STOP_GRACE_S)
+            child.wait(grace_s)
         except subprocess.TimeoutExpired:
             pass
     while child is None and pid_alive(pid) and time.monotonic() < deadline:
@@ -93,26 +93,37 @@ class Orchestrator:
         self.blob_dir = blob_dir
         self.log_dir = data_dir / "logs"
         self.work_root = data_dir / "replicas"
-        # One spawn at a time (JVM starts compete for 2 cores); reentrant for ensure_running.
-        self._lock = threading.RLock()
+        self._launching = threading.Lock()  # one JVM start at a time: they compete for 2 cores
+        self._locks_lock = threading.Lock()
+        self._replica_locks: dict[tuple[str, str], threading.Lock] = {}  # check-and-spawn, per replica
         # Processes this controller spawned, by pid: a dead child stays a zombie (and
         # looks alive to kill(pid, 0)) until it is reaped with poll().
         self._children: dict[int, subprocess.Popen] = {}
+        self._stopping: set[int] = set()  # pids told to stop: dead to us, if not yet gone
 
     def alive(self, replica: ReplicaInfo) -> bool:
+        if replica.pid in self._stopping:
+            return False
         child = self._children.get(replica.pid)
         return child.poll() is None if child is not None else pid_alive(replica.pid)
 
     def ensure_running(self, replica: ReplicaInfo, launch_conf: Mapping[str, str]) -> str:
         """The address of `replica`'s process, spawning a new incarnation if it died.
 
-        Checked and spawned under the spawn lock, against the catalog's current record:
-        a newer incarnation's connection that asks while an older one's spawn is under
-        way must find that process, not start a second one (which nothing would stop)."""
+        Checked against the catalog's current record, and re-checked and spawned under a
+        lock of the replica's own: a newer incarnation's connection that asks while an
+        older one's spawn is under way finds that process rather than starting a second
+        one (which nothing would stop), and other replicas' lookups do not wait for it."""
         if not replica.managed:
             return replica.address
-        with self._lock:
-            replica = self.catalog.get_replica(replica.instance, replica.name)
+        key = (replica.instance, replica.name)
+        replica = self.catalog.get_replica(*key)
+        if replica.address and self.alive(replica):
+            return replica.address
+        with self._locks_lock:
+            lock = self._replica_locks.setdefault(key, threading.Lock())
+        with lock:
+            replica = self.catalog.get_replica(*key)
             if replica.address and self.alive(replica):
                 return replica.address
             return self.spawn(replica, launch_conf).address
@@ -123,7 +134,7 @@ class Orchestrator:
         `launch_conf` holds the instance's settings that Spark fixes at launch (e.g.
         `spark.default.parallelism`), so the replica need not restart its SparkContext.
         """
-        with self._lock:
+        with self._launching:
             incarnation = replica.incarnation + 1
             self.log_dir.mkdir(parents=True, exist_ok=True)
             log_path = self.log_dir / f"{replica.instance}-{replica.name}-{incarnation}.log"
@@ -142,8 +153,13 @@ class Orchestrator:
                 )
             self._children[process.pid] = process
             address = self._await_ready(process, log_path)
-            log.info("replica %s/%s incarnation %d: pid %d at %s", replica.instance, replica.name, incarnation, process.pid, address)
+        log.info("replica %s/%s incarnation %d: pid %d at %s", replica.instance, replica.name, incarnation, process.pid, address)
+        try:
             return self.catalog.update_replica(replica.instance, replica.name, address=address, pid=process.pid, incarnation=incarnation)
+        except Exception:  # e.g. the replica was dropped meanwhile: nothing would stop it
+            self._children.pop(process.pid, None)
+            threading.Thread(target=_reap_group, args=(process.pid, process, 0.0), daemon=True).start()
+            raise
 
     def _command(self, replica: ReplicaInfo, conf: dict[str, str], work_dir: Path) -> list[str]:
         """The replica process's command line; it prints one JSON line with its address
@@ -180,8 +196,11 @@ class Orchestrator:
         SIGTERM goes to the Python process alone: it stops its SparkSession, and its JVM
         exits with it. (Signalling the whole group killed the JVM under a Spark that was
         still stopping.) Whatever of the group outlives `STOP_GRACE_S` is killed."""
+        if not replica.managed or replica.pid in self._stopping:
+            return  # a stop under way finishes the job
+        running = self.alive(replica)  # before the pop: it reaps a dead child
         child = self._children.pop(replica.pid, None)
-        if not (replica.managed and self.alive(replica)):
+        if not running:
             if child is not None:
                 threading.Thread(target=child.wait, daemon=True).start()  # reap it
             return
@@ -189,4 +208,10 @@ class Orchestrator:
             os.kill(replica.pid, signal.SIGTERM)
         except ProcessLookupError:
             return
-        threading.Thread(target=_reap_group, args=(replica.pid, child), daemon=True).start()
+        self._stopping.add(replica.pid)
+
+        def reap() -> None:
+            _reap_group(replica.pid, child, STOP_GRACE_S)
+            self._stopping.discard(replica.pid)
+
+        threading.Thread(target=reap, daemon=True).start()

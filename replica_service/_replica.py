@@ -18,8 +18,8 @@ session: the old connection's pending peeks end as canceled, and the commands up
 running. After initialization commands apply one by one.
 
 Every accepted connection answers first with `HelloAck` (resumed, commands received).
-A resumed, initialized session then reports every live export's write frontier (the
-controller forgot them with the broken stream). Answers lost with the old stream are
+A resumed, initialized session then reports every live export's write frontier again
+(reports in flight on the old stream were lost). Answers lost with the old stream are
 the controller's to recover: it sends the peeks it has no answer for again, and a
 `Peek` whose uuid is still pending here is a no-op.
 """

@@ -328,7 +328,7 @@ def test_a_dataflow_records_its_exact_description(controller: Catalog, world) ->
     assert controller.dataflow_by_name("main", "totals") == info
     assert [d.id for d in controller.list_dataflows("main")] == ["u2"]
 
-    index = controller.index_by_name("main", "totals")
+    index = controller.get_collection(controller.dataflow_by_name("main", "totals").index_id)
     view = controller.collection_by_name("totals")
     assert (index.id, index.kind, index.dataflow_id) == ("u3", "index", "u2")
     assert (view.id, view.kind, view.since, view.upper) == (
@@ -406,7 +406,7 @@ def test_index_and_view_of_one_dataflow_share_its_name_across_namespaces(
         as_of=Frontier(0),
         index_key=["id"],
     )
-    assert controller.index_by_name("main", "orders").id == info.index_id
+    assert controller.dataflow_by_name("main", "orders").index_id == info.index_id
     assert controller.collection_by_name("orders").id == world["orders"]
 
 
@@ -424,8 +424,8 @@ def test_index_names_are_unique_per_instance(controller: Catalog, world, dump) -
         index_key=["id"],
     )
     assert theirs.index_id is not None and theirs.index_id != mine.index_id
-    assert controller.index_by_name("main", "totals").id == mine.index_id
-    other_index = controller.index_by_name("other", "totals")
+    assert controller.dataflow_by_name("main", "totals").index_id == mine.index_id
+    other_index = controller.get_collection(controller.dataflow_by_name("other", "totals").index_id)
     assert (other_index.name, other_index.kind, other_index.dataflow_id) == (
         "totals",
         "index",
@@ -446,24 +446,11 @@ def test_index_names_are_unique_per_instance(controller: Catalog, world, dump) -
         match = f"instance '{instance}' already has a dataflow named 'totals'"
         refused(dump, AlreadyExists, again, match)
 
-    refused(dump, NotFound, lambda: controller.index_by_name("nope", "totals"))
-    refused(dump, NotFound, lambda: controller.index_by_name("other", "missing"))
+    refused(dump, NotFound, lambda: controller.dataflow_by_name("nope", "totals"))
+    refused(dump, NotFound, lambda: controller.dataflow_by_name("other", "missing"))
     controller.drop_dataflow(theirs.id)
-    refused(dump, NotFound, lambda: controller.index_by_name("other", "totals"))
-    assert controller.index_by_name("main", "totals").id == mine.index_id
-
-
-def test_an_index_only_dataflow_has_no_index_to_find(controller: Catalog, world, dump) -> None:  # type: ignore[no-untyped-def]
-    controller.create_dataflow(
-        "other",
-        "sink_only",
-        sql="SELECT * FROM o",
-        imports=[Import("o", world["orders"])],
-        schema=SCHEMA,
-        as_of=Frontier(0),
-        materialized=True,
-    )
-    refused(dump, NotFound, lambda: controller.index_by_name("other", "sink_only"), "no index")
+    refused(dump, NotFound, lambda: controller.dataflow_by_name("other", "totals"))
+    assert controller.dataflow_by_name("main", "totals").index_id == mine.index_id
 
 
 @pytest.mark.parametrize("name", ["orders", "totals"])
@@ -490,7 +477,7 @@ def test_a_view_name_stays_unique_across_instances(
     monkeypatch.setattr(_collections, "_check_storage_name_free", lambda *args: None)
     refused(dump, AlreadyExists, create(True), "source or materialized view")
     index_only = create(False)()
-    assert controller.index_by_name("other", name).id == index_only.index_id
+    assert controller.dataflow_by_name("other", name).index_id == index_only.index_id
 
 
 def test_frontiers_of_an_index_only_advance(controller: Catalog, world, dump) -> None:  # type: ignore[no-untyped-def]

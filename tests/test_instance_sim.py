@@ -18,6 +18,8 @@ a seed of the random runs and then minimized.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from controller._instance import (
@@ -146,7 +148,7 @@ def test_first_response_wins_and_the_rest_are_counted_late():
         isinstance(e, (Send, SinceAdvanced, StorageHold)) for e in effects[3:]
     )
     assert AllowCompaction("u2", Frontier(9)) in sent(effects)
-    assert CancelPeek("p1") in instance.history.commands
+    assert Peek("p1", IndexTarget("u2"), 5) not in reduce_commands(instance.history.commands)  # cancelled
     assert instance.replicas["r2"].peeks_won == 1
 
     # r1's answer, a duplicate of r2's, and r1's reply to the CancelPeek are all late.
@@ -273,6 +275,63 @@ def test_a_replica_that_lost_its_session_replays_the_reduced_history():
     replay = connect(instance, "r1")  # a new process: HelloAck(resumed=False)
     assert replay[0] == CreateInstance(CONFIG) and apply(replay) == apply(instance.history.commands)
     assert instance.replicas["r1"].session.nonce == "r1-2"
+
+
+def test_a_failed_replica_holds_its_inputs_until_its_resume_offer_expires():
+    instance = new_instance(replica_timeout_ms=1_000)
+    connect(instance, "r1")
+    connect(instance, "r2")
+    instance.create_dataflow(dataflow("u2", as_of=100))
+    report(instance, "r1", "u2", 200)
+    report(instance, "r2", "u2", 500)
+    assert instance.dataflows["u2"].input_holds["u1"] == Frontier(200)  # r1 lags
+
+    instance.tick(1_000)
+    effects = instance.replica_failed("r1", 1, "stream broken")  # detached at 1000
+    report(instance, "r2", "u2", 600)
+    # Its session may resume at 200 and read its inputs from there: they stay held, even
+    # as new incarnations fail before answering Hello.
+    for epoch, now in [(2, 1_400), (3, 1_800)]:
+        assert instance.tick(now) == []
+        effects = instance.replica_failed("r1", epoch, "no answer to Hello within 10 s")
+        assert storage_holds(effects) == [] and instance.dataflows["u2"].input_holds["u1"] == Frontier(200)
+    assert instance.tick(2_000) == []  # exactly the timeout since it detached
+
+    effects = instance.tick(2_001)
+
+    assert Connect("r1", 5, None) in effects  # the offer is withdrawn ...
+    assert storage_holds(effects) == [Frontier(599)]  # ... and with it the hold: u2's since (W - 1)
+    assert instance.replicas["r1"].frontiers == {} and instance.replicas["r1"].session is None
+
+
+def test_a_new_session_elsewhere_does_not_spoil_a_resume_in_flight():
+    instance, received = resumable_instance()
+    instance.replica_failed("r1", 1, "stream broken")
+    connect(instance, "r2")  # a new session: replayed the reduced history meanwhile
+
+    (send,) = instance.replica_connected("r1", 2, "r1-2", True, len(received))
+
+    assert apply(received + list(send.commands)) == apply(instance.history.commands)
+    assert instance.replicas["r1"].resumes == 1
+
+
+def test_peeks_find_dataflows_by_name_while_they_live():
+    instance = new_instance()
+    connect(instance, "r1")
+    instance.create_dataflow(dataflow("u2"))
+    assert instance.dataflow_named("df_u2").export_ids == ("u2",)
+    with pytest.raises(InstanceError) as error:
+        instance.create_dataflow(replace(dataflow("u3"), name="df_u2"))
+    assert error.value.code == "ALREADY_EXISTS"
+    instance.peek(Peek("p1", IndexTarget("u2"), 0))  # holds u2 after the drop
+
+    instance.drop_dataflow("u2")
+
+    with pytest.raises(InstanceError) as error:
+        instance.dataflow_named("df_u2")
+    assert error.value.code == "NOT_FOUND" and "u2" in instance.dataflows  # still held
+    instance.create_dataflow(replace(dataflow("u3"), name="df_u2"))  # the name is free again
+    assert instance.dataflow_named("df_u2").export_ids == ("u3",)
 
 
 def test_a_crashed_replica_comes_back_in_the_simulator_and_serves_again():

@@ -212,7 +212,7 @@ def test_the_previous_revision_upgrades_with_its_data(catalog_url: str, dump) ->
     assert differences(catalog_url) == []
     with Catalog.open(catalog_url) as catalog:
         catalog.become_controller()
-        assert catalog.index_by_name("main", "totals").id == "u3"
+        assert catalog.dataflow_by_name("main", "totals").index_id == "u3"
         assert catalog.collection_by_name("totals").id == "u4"
         assert len(catalog.recover_history("main")) == 4  # instance, dataflow, schedule, done
         catalog.create_instance("other")
@@ -225,7 +225,7 @@ def test_the_previous_revision_upgrades_with_its_data(catalog_url: str, dump) ->
             as_of=Frontier(0),
             index_key=["id"],
         )
-        assert catalog.index_by_name("other", "totals").id == theirs.index_id == "u7"
+        assert catalog.dataflow_by_name("other", "totals").index_id == theirs.index_id == "u7"
     # The storage half of the new index, below the catalog's own checks.
     with pytest.raises(IntegrityError):
         write_rows(catalog_url, {"collections": [collection("u99", "orders", "source")]})
@@ -268,7 +268,7 @@ def test_the_downgrade_waits_until_index_names_are_unique_again(catalog_url: str
     command.upgrade(cli_config(catalog_url), "head")
     assert differences(catalog_url) == []
     with Catalog.open(catalog_url) as catalog:
-        assert catalog.index_by_name("main", "totals").id == shared[0].index_id
+        assert catalog.dataflow_by_name("main", "totals").index_id == shared[0].index_id
 
 
 def test_open_upgrades_an_empty_database_and_then_does_nothing(catalog_url: str) -> None:

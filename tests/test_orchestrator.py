@@ -4,7 +4,8 @@ Python program that prints the ready line), so no JVM starts.
 - concurrent `ensure_running` calls for a replica whose process died start ONE process;
 - `stop` sends SIGTERM to the replica's own process and, after the grace period, kills
   what is left of its process group (a child that ignores SIGTERM, as a JVM busy
-  stopping would).
+  stopping would), also for a process an earlier controller started;
+- a process whose replica was dropped while it started is not left running.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from catalog import Catalog
+from catalog import Catalog, NotFound
 from controller import _orchestrator
 from controller._orchestrator import Orchestrator, pid_alive
 from controller._process import _zombie
 
-# Prints the ready line, then starts a child in its own process group that ignores
-# SIGTERM and writes its pid to the file named by argv[1], then waits for SIGTERM.
+# Prints the ready line, then starts a child (in the stand-in's process group, as its JVM
+# is) that ignores SIGTERM and writes its pid to the file named by argv[1], then waits for SIGTERM.
 STAND_IN = r"""
 import json, os, signal, subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c",
@@ -80,6 +81,41 @@ def test_stop_terminates_the_replica_then_kills_what_is_left_of_its_group(orches
         time.sleep(0.1)
     assert not orchestrator.alive(replica)  # it exited on SIGTERM (and was reaped)
     assert not running(child)  # the straggler that ignored SIGTERM was killed with the group
+
+
+def test_a_process_an_earlier_controller_started_is_stopped_too(orchestrator: Orchestrator, controller: Catalog, tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(_orchestrator, "STOP_GRACE_S", 1.0)
+    orchestrator.ensure_running(controller.get_replica("main", "r1"), {})
+    replica = controller.get_replica("main", "r1")
+    child = int((tmp_path / "child-1").read_text())
+    successor = Orchestrator(controller, "sqlite://", tmp_path / "blobs", tmp_path)  # not its parent
+    assert successor.alive(replica)
+
+    successor.stop(replica)
+    successor.stop(replica)  # a second stop while the first is under way does nothing
+
+    assert not successor.alive(replica)  # stopping counts as dead: a restart may respawn now
+    deadline = time.monotonic() + 10
+    while running(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running(child)
+    orchestrator.alive(replica)  # reap the stand-in, the first orchestrator's child
+
+
+def test_a_replica_dropped_while_its_process_starts_leaves_no_process(orchestrator: Orchestrator, controller: Catalog, tmp_path: Path, monkeypatch):
+    replica = controller.get_replica("main", "r1")
+
+    def dropped(*args, **kwargs):
+        raise NotFound("replica r1 does not exist")
+
+    monkeypatch.setattr(controller, "update_replica", dropped)
+    with pytest.raises(NotFound):
+        orchestrator.spawn(replica, {})
+    child = int((tmp_path / "child-1").read_text())
+    deadline = time.monotonic() + 10
+    while running(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running(child) and not orchestrator._children
 
 
 def running(pid: int) -> bool:
