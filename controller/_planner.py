@@ -40,6 +40,7 @@ import os
 import re
 import threading
 from collections import OrderedDict
+from concurrent.futures import Future
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -53,7 +54,7 @@ from pyspark.sql import SparkSession
 
 from catalog import DETERMINISTIC_SPARK_CONF, InvalidArgument
 from controller._api import ControllerError
-from replica_service._spark import SparkSettings, dataflow_session, start_session
+from replica_service._spark import SparkSettings, dataflow_session, launch_jvm, start_session
 from storage import parse_schema, schema_to_ddl
 
 log = logging.getLogger(__name__)
@@ -199,29 +200,48 @@ class Planner:
         self._skip_commands = jvm.org.apache.spark.sql.execution.CommandExecutionMode.SKIP()
 
     @classmethod
-    def start(cls, work_dir: Path, settings: SparkSettings | None = None) -> Planner:
+    def launch(cls, work_dir: Path, settings: SparkSettings | None = None) -> Future[Planner]:
         """Start the planner's SparkSession (local[1], 512m driver, the replica's quiet and
-        fast-starting settings, scratch space under `work_dir`) and warm it up.
+        fast-starting settings, scratch space under `work_dir`) and warm it up; the future
+        gives the planner.
 
-        Call this BEFORE any gRPC server or channel exists in the process: launching the
-        JVM forks, and a fork while gRPC's threads run broke the JVM launch in the replica
-        (see replica_service/__main__.py). It also sets PYSPARK_PYTHON, SPARK_LOCAL_IP and
-        SPARK_LOCAL_DIRS in this process's environment, as the replica does. There is one
-        SparkSession per process (`getOrCreate`): the planner is the controller's.
-        Takes a few seconds (JVM start plus a warm-up analysis).
+        Returns once the JVM is launched (a second or two); the session is built and
+        warmed up on a thread of its own (a few seconds more), so the controller can
+        recover and serve peeks meanwhile. Call this BEFORE any gRPC server or channel
+        exists in the process: launching the JVM forks, and a fork while gRPC's threads
+        run broke the JVM launch in the replica (see replica_service/__main__.py). It also
+        sets PYSPARK_PYTHON, SPARK_LOCAL_IP and SPARK_LOCAL_DIRS in this process's
+        environment, as the replica does. There is one SparkSession per process
+        (`getOrCreate`): the planner is the controller's.
         """
         if settings is None:
             settings = SparkSettings(
                 "local[1]", "512m", {"spark.app.name": f"tandem-planner-{os.getpid()}"}
             )
-        planner = cls(start_session(settings, work_dir))
-        # The first parse and analysis load and compile classes (~1 s): pay it now, not
-        # on the first user's CREATE DATAFLOW.
-        planner.analyze(
-            "SELECT k, count(*) AS n FROM t WHERE k IS NOT NULL GROUP BY k",
-            {"t": "k BIGINT"},
-        )
-        return planner
+        gateway = launch_jvm(settings, work_dir)
+        future: Future[Planner] = Future()
+
+        def build() -> None:
+            try:
+                planner = cls(start_session(settings, work_dir, gateway=gateway))
+                # The first parse and analysis load and compile classes (~1 s): pay it
+                # now, not on the first user's CREATE DATAFLOW.
+                planner.analyze(
+                    "SELECT k, count(*) AS n FROM t WHERE k IS NOT NULL GROUP BY k",
+                    {"t": "k BIGINT"},
+                )
+            except BaseException as e:
+                future.set_exception(e)
+            else:
+                future.set_result(planner)
+
+        threading.Thread(target=build, name="planner-start", daemon=True).start()
+        return future
+
+    @classmethod
+    def start(cls, work_dir: Path, settings: SparkSettings | None = None) -> Planner:
+        """`launch`, then wait for the planner."""
+        return cls.launch(work_dir, settings).result()
 
     def stop(self) -> None:
         """Stop the session. Later calls raise UNAVAILABLE. Idempotent."""

@@ -8,7 +8,8 @@ instance's history and sent. A refused request changes nothing.
 Start-up order matters: the planner's JVM is launched before any gRPC thread exists
 (a fork while gRPC threads run broke JVM launches), then the catalog epoch is bumped
 (fencing any older controller), every instance's history is rebuilt from the catalog
-and its replicas are re-added; live replicas reconcile instead of recomputing.
+and its replicas are re-added; live replicas reconcile instead of recomputing. The
+planner's session is built in the background meanwhile: only planning waits for it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import signal
 import sys
 import time
 import uuid
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
@@ -79,11 +81,11 @@ async def _blocking(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 class Controller:
     """Implements `ControllerApi` over the catalog, storage and instance drivers."""
 
-    def __init__(self, catalog: Catalog, catalog_url: str, storage: Storage, planner: Planner, orchestrator: Orchestrator) -> None:
+    def __init__(self, catalog: Catalog, catalog_url: str, storage: Storage, planner: Future[Planner], orchestrator: Orchestrator) -> None:
         self.catalog = catalog
         self.catalog_url = catalog_url
         self.storage = storage
-        self.planner = planner
+        self._planner = planner  # still starting while recovery runs and peeks are served
         self.orchestrator = orchestrator
         self.drivers: dict[str, InstanceDriver] = {}
         self._epoch = 0
@@ -96,7 +98,7 @@ class Controller:
     async def start(cls, data_dir: Path, catalog_url: str | None = None) -> Controller:
         data_dir = Path(data_dir).resolve()
         data_dir.mkdir(parents=True, exist_ok=True)
-        planner = await asyncio.to_thread(Planner.start, data_dir / "planner")  # before any gRPC thread
+        planner = await asyncio.to_thread(Planner.launch, data_dir / "planner")  # before any gRPC thread
         url = catalog_url or default_url(data_dir)
         catalog = await asyncio.to_thread(Catalog.open, url)
         storage = Storage(catalog, data_dir / "blobs")
@@ -114,7 +116,19 @@ class Controller:
             task.cancel()
         for driver in self.drivers.values():
             await driver.stop()
-        await asyncio.to_thread(self.planner.stop)
+        try:
+            planner = await asyncio.wrap_future(self._planner)
+        except Exception:
+            return  # it never started; the error was reported to whoever asked for it
+        await asyncio.to_thread(planner.stop)
+
+    async def _plan(self, call: Callable[[Planner], T]) -> T:
+        """Run `call` on the planner, on a worker thread, once the planner has started."""
+        try:
+            planner = await asyncio.wrap_future(self._planner)
+        except Exception as e:
+            raise ControllerError("UNAVAILABLE", f"the SQL planner did not start: {e}") from None
+        return await asyncio.to_thread(call, planner)
 
     async def _recover(self) -> None:
         for info in await _blocking(self.catalog.list_instances):
@@ -317,7 +331,7 @@ class Controller:
     async def create_dataflow(self, instance, name, sql, *, index_key=None, materialize=False, compaction_window_ms=0) -> DataflowView:
         driver = self._driver(instance)
         conf = driver.instance.config.conf()
-        tables = await asyncio.to_thread(self.planner.referenced_tables, sql, conf)
+        tables = await self._plan(lambda planner: planner.referenced_tables(sql, conf))
         imports, schemas, as_of = [], {}, Frontier.minimum()
         latest = Frontier.empty()
         for table in tables:
@@ -326,11 +340,12 @@ class Controller:
             schemas[table] = schema
             as_of = as_of.join(since)
             latest = latest.meet(upper)
-        planned = await asyncio.to_thread(self.planner.analyze, sql, schemas, conf)
+        planned = await self._plan(lambda planner: planner.analyze(sql, schemas, conf))
         if index_key is None and not materialize:
             index_key = ()
         if index_key is not None:
-            index_key = await asyncio.to_thread(self.planner.check_index_key, planned, index_key)
+            key = index_key
+            index_key = await self._plan(lambda planner: planner.check_index_key(planned, key))
         # Start at the latest time every input can serve, not at an old since: each
         # input change between the two would otherwise be one more Spark step.
         as_of = as_of.join(latest.step_back()) if not latest.is_empty else as_of
@@ -402,13 +417,13 @@ class Controller:
         imports = []
         schemas = {}
         conf = driver.instance.config.conf()
-        for table in await asyncio.to_thread(self.planner.referenced_tables, sql, conf):
+        for table in await self._plan(lambda planner: planner.referenced_tables(sql, conf)):
             source, schema, _, _ = await self._resolve(driver, table)
             if source.kind != "index":
                 raise ControllerError("FAILED_PRECONDITION", f"query reads indexes of instance {instance!r}; {table!r} is not one (create a dataflow over it)")
             imports.append(source)
             schemas[table] = schema
-        await asyncio.to_thread(self.planner.analyze, sql, schemas, conf)
+        await self._plan(lambda planner: planner.analyze(sql, schemas, conf))
         target = SqlTarget(sql, tuple(imports))
         return await self._read(driver, lambda inst: target, RowSetFinishing(), timestamp, consistency, timeout_ms)
 

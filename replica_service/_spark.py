@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Mapping
 
 import pyarrow as pa
+from py4j.java_gateway import JavaGateway
+from pyspark import SparkConf, SparkContext
+from pyspark.java_gateway import launch_gateway
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -64,9 +67,7 @@ def session_conf(settings: SparkSettings, work_dir: Path) -> dict[str, str]:
     return conf
 
 
-def start_session(settings: SparkSettings, work_dir: Path, instance_conf: Mapping[str, str] = {}) -> SparkSession:
-    """Start (or restart) the process's SparkSession with the replica's size settings and
-    the instance's settings that must be fixed at launch (e.g. `spark.default.parallelism`)."""
+def _prepare_environment(work_dir: Path) -> None:
     # Python workers run $PYSPARK_PYTHON, not sys.executable (SPARK_NOTES.md).
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -74,8 +75,29 @@ def start_session(settings: SparkSettings, work_dir: Path, instance_conf: Mappin
     # Scratch space of the replica's own (spark.local.dir is overridden by this anyway).
     os.environ["SPARK_LOCAL_DIRS"] = str(work_dir / "local")
     work_dir.mkdir(parents=True, exist_ok=True)
+
+
+def launch_jvm(settings: SparkSettings, work_dir: Path) -> JavaGateway:
+    """Launch the JVM a session with `settings` will run in, and return once it listens
+    (a second or two): the only step of a session's start that forks, so the only one
+    that must come before any gRPC thread exists. `start_session(..., gateway=)` then
+    builds the session in it, from any thread."""
+    _prepare_environment(work_dir)
+    return launch_gateway(SparkConf().setAll(session_conf(settings, work_dir).items()))
+
+
+def start_session(
+    settings: SparkSettings, work_dir: Path, instance_conf: Mapping[str, str] = {}, gateway: JavaGateway | None = None
+) -> SparkSession:
+    """Start (or restart) the process's SparkSession with the replica's size settings and
+    the instance's settings that must be fixed at launch (e.g. `spark.default.parallelism`),
+    in the JVM of `gateway` if one was launched (`launch_jvm`), else in a new one."""
+    _prepare_environment(work_dir)
+    conf = {**session_conf(settings, work_dir), **instance_conf}
+    if gateway is not None:
+        SparkContext(conf=SparkConf().setAll(conf.items()), gateway=gateway)
     builder = SparkSession.builder
-    for key, value in {**session_conf(settings, work_dir), **instance_conf}.items():
+    for key, value in conf.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
