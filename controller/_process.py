@@ -184,8 +184,10 @@ class PeekLoop:
     """Peeks dataflow `name` of `instance` over and over, on a thread of its own with a
     client of its own, from entering the block until leaving it. `answered` counts the
     answers by replica; `failures` holds every failed peek, and every answer whose rows
-    are not `expect` (when given). `peek_args` go to `Client.peek` (a 20 s timeout by
-    default); `pause` seconds between peeks leave the CPU to the replicas."""
+    are not `expect` (when given); `timings` holds one `(started, finished, ok)` per peek,
+    in `time.monotonic()` seconds, `ok` False for those in `failures`. `peek_args` go to
+    `Client.peek` (a 20 s timeout by default); `pause` seconds between peeks leave the
+    CPU to the replicas."""
 
     def __init__(
         self,
@@ -202,6 +204,7 @@ class PeekLoop:
         self.peek_args = {"timeout_ms": 20_000, **peek_args}
         self.answered: Counter[str] = Counter()
         self.failures: list[str] = []
+        self.timings: list[tuple[float, float, bool]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="peek-loop", daemon=True)
 
@@ -216,14 +219,18 @@ class PeekLoop:
     def _loop(self) -> None:
         with Client(self.address) as client:
             while not self._stop.is_set():
+                started, failure = time.monotonic(), None
                 try:
                     result = client.peek(self.instance, self.name, **self.peek_args)
                 except TandemError as error:
-                    self.failures.append(f"{error.code.name}: {error.message}")
+                    failure = f"{error.code.name}: {error.message}"
                 else:
                     self.answered[result.replica or "?"] += 1
                     if self.expect is not None and result.rows != self.expect:
-                        self.failures.append(f"{result.replica} answered {result.rows}")
+                        failure = f"{result.replica} answered {result.rows}"
+                if failure is not None:
+                    self.failures.append(failure)
+                self.timings.append((started, time.monotonic(), failure is None))
                 self._stop.wait(self.pause)
 
     def summary(self) -> str:
