@@ -45,6 +45,7 @@ class FaultProxy:
         self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()
         self._loop.run_forever()
+        self._loop.close()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
@@ -97,7 +98,18 @@ class FaultProxy:
         self._writers.clear()
 
     def close(self) -> None:
-        self.cut()
-        self._loop.call_soon_threadsafe(self._server.close)
+        """Reset every connection and stop for good (no task is left pending at exit)."""
+
+        async def shut_down() -> None:
+            # Reset connections and let their tasks end on their own (a cancelled
+            # connection task makes asyncio's server callback raise).
+            self._server.close()
+            self._partitioned = False
+            self._reset_all()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            if tasks:
+                await asyncio.wait(tasks, timeout=5)
+
+        asyncio.run_coroutine_threadsafe(shut_down(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
+        self._thread.join(10)
