@@ -18,9 +18,9 @@ Rules (DESIGN section 6):
 - A replica is hydrated for c once `w_r(c) > as_of(c)`, in sync when hydrated for every
   collection and within `max_lag_ms` of `W`.
 - A failed replica comes back as a new incarnation. If its process kept the session this
-  controller opened, and the commands it missed are still in the unreduced suffix of the
-  history, it gets just those (near-horizon); otherwise a new session and the reduced
-  history (far-horizon), which a live process reconciles.
+  controller opened, and the commands it missed are still among the last
+  `resume_window` pushed, it gets just those (near-horizon); otherwise a new session and
+  the reduced history (far-horizon), which a live process reconciles.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from history import (
     Frontier,
     FrontiersResponse,
     InitializationComplete,
+    RECENT_COMMANDS,
     InstanceConfig,
     Peek,
     PeekCanceled,
@@ -133,6 +134,9 @@ class InstanceOptions:
     min_in_sync: int = 1
     max_lag_ms: int = 5_000
     replica_timeout_ms: int = 10_000
+    # Commands kept as pushed: a replica that missed no more than these since its stream
+    # broke is caught up with just those (near-horizon).
+    resume_window: int = RECENT_COMMANDS
 
 
 ReplicaPhase = Literal["connecting", "active", "failed"]
@@ -245,7 +249,7 @@ class ComputeInstance:
     def __init__(self, config: InstanceConfig, options: InstanceOptions = InstanceOptions(), parameters: ComputeParameters | None = None) -> None:
         self.config = config
         self.options = options
-        self.history = CommandHistory()
+        self.history = CommandHistory(recent=options.resume_window)
         self.replicas: dict[str, ReplicaState] = {}
         self.collections: dict[str, CollectionState] = {}
         self.dataflows: dict[str, DataflowState] = {}  # first export id -> dataflow
@@ -320,8 +324,8 @@ class ComputeInstance:
         position = None if session is None else session.position(applied)
         suffix = None if position is None else self.history.suffix_since(position)
         if session is None or suffix is None:
-            # Not offered, or a reduction rewrote the missed commands after the offer:
-            # the next incarnation starts a new session.
+            # Not offered, or the missed commands left the resume window after the
+            # offer: the next incarnation starts a new session.
             replica.session = None
             return self.replica_failed(replica.name, replica.epoch, f"cannot resume its session after {applied} commands")
         # Answers in flight on the broken stream are lost: send the pending peeks it had
@@ -579,7 +583,7 @@ class ComputeInstance:
 
     def _resume_offer(self, replica: ReplicaState) -> Resume | None:
         """Resume the replica's session if it received every command before the history's
-        horizon: the ones after it are still held as pushed."""
+        horizon: the ones after it are still kept as pushed."""
         session = replica.session
         if session is None:
             return None

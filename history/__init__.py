@@ -34,7 +34,7 @@ from history._commands import (
     UpdateConfiguration,
 )
 from history._frontier import Frontier, Timestamp, join_all, meet_all
-from history._history import CommandHistory, reduce_commands
+from history._history import RECENT_COMMANDS, CommandHistory, reduce_commands
 from history._model import LiveDataflow, ReplicaModel, ReplicaState, apply
 from history._responses import (
     ComputeResponse,
@@ -91,5 +91,6 @@ __all__ = [
     "apply",
     "join_all",
     "meet_all",
+    "RECENT_COMMANDS",
     "reduce_commands",
 ]

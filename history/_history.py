@@ -11,6 +11,8 @@ This module may not import anything beyond the standard library.
 
 from __future__ import annotations
 
+from collections import deque
+from itertools import islice
 from typing import Iterable, Sequence, get_args
 
 from history._commands import (
@@ -29,6 +31,8 @@ from history._frontier import Frontier
 
 
 _HISTORY_COMMANDS = frozenset(get_args(ComputeCommand))  # what `push` accepts
+# A few seconds of a busy instance (a peek pushes two commands), at a few MB of memory.
+RECENT_COMMANDS = 10_000
 _EMPTY = Frontier.empty()
 
 
@@ -134,16 +138,19 @@ class CommandHistory:
     Invariants: applying `commands` gives the same replica state as applying every
     command ever pushed, in order; after each push, `len(self) <= 2 * reduced_length`
     unless the push itself triggered a reduction. Positions are absolute counts of
-    pushed commands, so a replica that acknowledged position p can be caught up with
-    `suffix_since(p)` while p is not older than the last reduction.
+    pushed commands. The last `recent` pushes are also kept as pushed, whatever the
+    reductions did, so a replica that stands at position p (having applied the
+    equivalent of every command before p) is caught up with `suffix_since(p)` while p is
+    among them: reduction bounds what a replay sends, this bounds how long a
+    disconnected replica can be caught up with just what it missed.
     """
 
-    __slots__ = ("_commands", "_reduced_length", "_reduced_at", "pushed", "reductions")
+    __slots__ = ("_commands", "_reduced_length", "_recent", "pushed", "reductions")
 
-    def __init__(self, commands: Iterable[ComputeCommand] = ()) -> None:
+    def __init__(self, commands: Iterable[ComputeCommand] = (), *, recent: int = RECENT_COMMANDS) -> None:
         self._commands: list[ComputeCommand] = []
         self._reduced_length = 0  # length right after the last reduction
-        self._reduced_at = 0  # value of `pushed` at the last reduction
+        self._recent: deque[ComputeCommand] = deque(maxlen=recent)  # the last pushes, as pushed
         self.pushed = 0  # commands pushed, ever
         self.reductions = 0  # reductions done, ever
         for command in commands:
@@ -159,6 +166,7 @@ class CommandHistory:
             raise TypeError(f"not a history command: {command!r}")
         commands = self._commands
         commands.append(command)
+        self._recent.append(command)
         self.pushed += 1
         if len(commands) > 2 * self._reduced_length:
             self.reduce()
@@ -166,7 +174,6 @@ class CommandHistory:
     def reduce(self) -> None:
         self._commands = reduce_commands(self._commands)
         self._reduced_length = len(self._commands)
-        self._reduced_at = self.pushed
         self.reductions += 1
 
     @property
@@ -181,16 +188,17 @@ class CommandHistory:
 
     @property
     def horizon(self) -> int:
-        """The oldest position `suffix_since` accepts: where the last reduction was."""
-        return self._reduced_at
+        """The oldest position `suffix_since` accepts: the last `recent` pushes back."""
+        return self.pushed - len(self._recent)
 
     def suffix_since(self, position: int) -> Sequence[ComputeCommand] | None:
-        """The commands pushed after absolute `position`, or None when a reduction has
-        rewritten some of them (the caller must then replay the whole history)."""
-        if position < self._reduced_at or position > self.pushed:
+        """The commands pushed after absolute `position`, as pushed, or None when that is
+        further back than the last `recent` pushes (the caller must then replay the
+        reduced history)."""
+        horizon = self.horizon
+        if position < horizon or position > self.pushed:
             return None
-        start = self._reduced_length + (position - self._reduced_at)
-        return self._commands[start:]
+        return list(islice(self._recent, position - horizon, None))
 
     def __len__(self) -> int:
         return len(self._commands)

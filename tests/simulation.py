@@ -627,6 +627,7 @@ class SimOptions:
     max_lag_ms: int = 3_000
     replica_timeout_ms: int = 2_000
     heartbeat_ms: int = 300
+    resume_window: int = 10_000  # commands the history keeps as pushed, for resumes
     fault_rate: float = 0.03
     restart_rate: float = 0.004
     action_rate: float = 0.4
@@ -670,6 +671,7 @@ class Simulation:
             min_in_sync=options.min_in_sync,
             max_lag_ms=options.max_lag_ms,
             replica_timeout_ms=options.replica_timeout_ms,
+            resume_window=options.resume_window,
         )
         self.instance = ComputeInstance(CONFIG, self.instance_options)
         self.faults_on = options.faults

@@ -126,14 +126,18 @@ def verify(state: Drill) -> None:
     """Every answer equals Spark's answer on the storage snapshot at its timestamp."""
     catalog = Catalog.open(default_url(state.root))
     session = _spark.start_session(_spark.SparkSettings("local[1]"), state.root / "verifier")
-    source = catalog.collection_by_name("sales").id
-    expected: dict[int, dict[str, list[dict]]] = {}
-    for instance, key, t, rows in state.answers:
-        if t not in expected:
-            result = _spark.run_sql(session, TOTALS, {"sales": snapshot(state.root, catalog, source, t)}).to_pylist()
-            expected[t] = {r["region"]: [r] for r in result}
-        assert rows == expected[t].get(key, []), (instance, key, t)
-    catalog.close()
+    try:
+        source = catalog.collection_by_name("sales").id
+        expected: dict[int, dict[str, list[dict]]] = {}
+        for instance, key, t, rows in state.answers:
+            if t not in expected:
+                result = _spark.run_sql(session, TOTALS, {"sales": snapshot(state.root, catalog, source, t)}).to_pylist()
+                expected[t] = {r["region"]: [r] for r in result}
+            assert rows == expected[t].get(key, []), (instance, key, t)
+    finally:
+        # The process's one SparkContext: a later test module must get its own settings.
+        session.stop()
+        catalog.close()
 
 
 def test_a_slow_replica_is_outrun_and_shows_its_lag(drill):

@@ -88,6 +88,7 @@ def env(tmp_path_factory):
     yield dict(root=root, url=url, catalog=catalog, storage=storage, config=config, small=small, large=large, planner=planner)
     for replica in (small, large):
         replica.stop()
+    session.stop()  # the process's one SparkContext: later modules start their own
 
 
 @pytest.fixture(scope="module")
