@@ -147,10 +147,11 @@ class Session:
     """A replica session this controller opened, through its current connection `nonce`.
 
     When it had received `replay_length` commands, it stood at absolute history position
-    `replay_position` (set by the replay that opened it, and again by each resume, whose
-    re-sent peeks the history does not count); every command pushed later was sent to it
-    while it was active, or is in the suffix a resume sends. So a session that has
-    received `applied` commands stands at `replay_position + applied - replay_length`.
+    `replay_position`: after the replay that opened it, or (reset by each resume) after
+    the peeks a resume sends again, which the history does not count, where the resume's
+    suffix starts. Every command pushed later was sent to it, in order, while it was
+    active or in a resume's suffix. So a session that has received `applied` commands
+    stands at `replay_position + applied - replay_length`, even partway through a resume.
     `detached_ms` is when it last stopped being active (None while it is): a resume
     offer expires `replica_timeout_ms` after it, however many incarnations try.
     """
@@ -335,9 +336,11 @@ class ComputeInstance:
         replica.phase = "active"
         replica.last_heard_ms = self.now_ms
         replica.resumes += 1
-        # The resent peeks are commands the history does not count: re-base the mapping.
+        # The resent peeks are commands the history does not count: re-base the mapping
+        # on where the suffix starts, so that a session cut again partway through it can
+        # still resume.
         session.nonce, session.detached_ms = nonce, None
-        session.replay_position, session.replay_length = self.history.position, applied + len(resent) + len(suffix)
+        session.replay_position, session.replay_length = position, applied + len(resent)
         self._note_as_ofs(replica, suffix)
         commands = (*resent, *suffix)
         return [Send(replica.name, replica.epoch, commands)] if commands else []

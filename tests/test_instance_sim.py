@@ -250,6 +250,23 @@ def test_a_live_replica_resumes_its_session_with_just_the_commands_it_missed(los
     assert [type(c) for c in send.commands] == [Peek]  # only p2 is pending: sent again
 
 
+def test_a_session_cut_partway_through_a_resume_resumes_again():
+    instance, received = resumable_instance()
+    instance.replica_failed("r1", 1, "stream broken")
+    for time in range(160, 400, 10):  # 24 commands to catch up on
+        instance.update_configuration(ComputeParameters(heartbeat_interval_ms=time))
+    (send,) = instance.replica_connected("r1", 2, "r1-2", True, len(received))
+    batch = list(send.commands)  # the pending peek again, then the 24
+    received += batch[:10]  # cut again after 10 of them
+    instance.replica_failed("r1", 2, "stream broken again")
+
+    (send,) = instance.replica_connected("r1", 3, "r1-3", True, len(received))
+
+    assert send.commands[1:] == tuple(batch[10:])  # the peek again, then the rest
+    assert apply(received + list(send.commands)) == apply(instance.history.commands)
+    assert instance.replicas["r1"].resumes == 2
+
+
 def test_a_session_is_not_resumed_once_what_it_missed_left_the_window():
     instance, received = resumable_instance(resume_window=20)
     instance.replica_failed("r1", 1, "stream broken")
