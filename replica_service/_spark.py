@@ -81,10 +81,11 @@ def launch_jvm(settings: SparkSettings, work_dir: Path) -> JavaGateway | None:
     """Launch the JVM a session with `settings` will run in, and return once it listens
     (a second or two): the only step of a session's start that forks, so the only one
     that must come before any gRPC thread exists. `start_session(..., gateway=)` then
-    builds the session in it, from any thread. None when this process already runs a
-    SparkContext (there can be only one): the session is then built in that one."""
+    builds the session in it, from any thread. None when this process already has its
+    JVM (there is one per process, and it outlives a stopped SparkContext): the session
+    is then built in that one."""
     _prepare_environment(work_dir)
-    if SparkContext._active_spark_context is not None:
+    if SparkContext._gateway is not None:
         return None
     return launch_gateway(SparkConf().setAll(session_conf(settings, work_dir).items()))
 

@@ -33,6 +33,25 @@ if TYPE_CHECKING:
 # SQLAlchemy, the catalog and storage are imported inside the fixtures, so tests that
 # need none of them (history's, which check what history imports) load none of them.
 
+@pytest.fixture(scope="session", autouse=True)
+def jvm_before_grpc(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Launch this process's JVM before any test opens a gRPC channel, when a test that
+    starts Spark in this process is selected. Launching it (a fork with PySpark's
+    preexec_fn) while gRPC's threads run sometimes makes the JVM exit before it reports
+    its port, which is why the replica and the controller launch theirs first too. Later
+    sessions reuse the JVM: a stopped SparkContext leaves its gateway in place."""
+    if not any(item.get_closest_marker("spark") for item in request.session.items):
+        return
+    from pyspark import SparkConf, SparkContext
+
+    from replica_service import _spark
+
+    settings, work_dir = _spark.SparkSettings("local[1]"), tmp_path_factory.mktemp("jvm")
+    gateway = _spark.launch_jvm(settings, work_dir)
+    if gateway is not None:
+        SparkContext(conf=SparkConf().setAll(_spark.session_conf(settings, work_dir).items()), gateway=gateway).stop()
+
+
 POSTGRES_URL = os.environ.get(
     "TANDEM_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
