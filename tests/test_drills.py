@@ -114,12 +114,14 @@ def drill(tmp_path_factory):
     wait_until(lambda: all(r.in_sync for r in state.replicas("duo").values()), 180, "both replicas in sync")
     state.external, state.proxy = external, proxy
     yield state
-    verify(state)
-    state.client.close()
-    state.controller.stop()
-    proxy.close()
-    external.stop()
-    kill_replicas(root)
+    try:
+        verify(state)
+    finally:  # no process outlives the module, whatever the verification found
+        state.client.close()
+        state.controller.stop()
+        proxy.close()
+        external.stop()
+        kill_replicas(root)
 
 
 def verify(state: Drill) -> None:
