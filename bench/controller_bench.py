@@ -66,7 +66,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -157,8 +156,6 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time of process `pid` (all its threads), from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 
 
 # --- Part 2: the state machine alone ------------------------------------------------------
@@ -377,28 +374,6 @@ def peek_step_cost() -> float:
 # --- Part 1: through the controller vs straight to a replica -----------------------------
 
 
-class TimedClient(ScriptedClient):
-    """`ScriptedClient` that stamps each peek answer on its reader thread when it arrives
-    (`time.perf_counter()`), so round trips exclude the waiting thread's wake-up."""
-
-    def __init__(self, address: str, **kwargs) -> None:
-        self.peek_arrivals: dict[str, float] = {}
-        super().__init__(address, **kwargs)
-
-    def _record(self, nonce: str, response) -> None:
-        if isinstance(response, h.PeekResponse):
-            self.peek_arrivals.setdefault(response.uuid, time.perf_counter())
-        super()._record(nonce, response)
-
-    def timed_peek(self, target: h.PeekTarget, timestamp: int, finishing: h.RowSetFinishing, timeout: float = 60) -> tuple[float, h.PeekResult]:
-        peek_id = uuid.uuid4().hex
-        command = h.Peek(peek_id, target, timestamp, finishing, int(timeout * 1000))
-        sent = time.perf_counter()
-        self.send(command)
-        result = self.wait_for(lambda r: r.peeks.get(peek_id), timeout + 5, f"peek {peek_id}")
-        return self.peek_arrivals[peek_id] - sent, result
-
-
 def rows_of(result: h.PeekResult) -> pa.Table:
     if not isinstance(result, h.PeekRows):
         raise RuntimeError(f"direct peek failed: {result}")
@@ -456,7 +431,7 @@ def setup_controller(data_dir: Path, opened: dict) -> Client:
     return client
 
 
-def setup_direct(root: Path, data_dir: Path, opened: dict) -> tuple[TimedClient, h.IndexTarget, int, str]:
+def setup_direct(root: Path, data_dir: Path, opened: dict) -> tuple[ScriptedClient, h.IndexTarget, int, str]:
     url = copy_catalog(data_dir, root / "direct-catalog.db")
     catalog = Catalog.open(url)
     try:
@@ -472,7 +447,7 @@ def setup_direct(root: Path, data_dir: Path, opened: dict) -> tuple[TimedClient,
     index = desc.export_ids[0]
     log(f"starting the direct replica (same size) on a catalog copy: {desc.name} = {index}, as_of {as_of.time}, source upper {source.upper.time}")
     replica = opened["direct"] = spawn_direct(root, url, data_dir / "blobs", instance.config.conf().get("spark.default.parallelism"))
-    client = opened["direct_client"] = TimedClient(replica.address, epoch=1)
+    client = opened["direct_client"] = ScriptedClient(replica.address, epoch=1)
     commands: list[h.ComputeCommand] = [h.CreateInstance(instance.config)]
     if instance.parameters is not None:
         commands.append(h.UpdateConfiguration(instance.parameters))
@@ -493,7 +468,7 @@ def background_cpu(pids: dict[str, int], seconds: float = 3.0) -> dict[str, floa
     return {name: (cpu_seconds(pid) - before[name]) / seconds for name, pid in pids.items()}
 
 
-def part1(client: Client, data_dir: Path, direct: TimedClient, target: h.IndexTarget, direct_ts: int, direct_note: str, pids: dict[str, int]) -> list[Row]:
+def part1(client: Client, data_dir: Path, direct: ScriptedClient, target: h.IndexTarget, direct_ts: int, direct_note: str, pids: dict[str, int]) -> list[Row]:
     all_keys = keys()
     # The same rows both ways, for a few keys.
     for k in all_keys[:3]:

@@ -31,8 +31,8 @@ drives it with `ScriptedClient` (tests/replica_harness.py) over a real gRPC stre
    (`select id, region, amount from sales` keyed by `id`, 100,000 rows, created after
    step 2 at the last timestamp, so it hydrates with one step).
 
-Round trips are stamped on the client's reader thread when the response arrives (a
-subclass of `ScriptedClient`; the harness is unchanged). The replica's log and the
+Round trips are stamped on the client's reader thread when the response arrives
+(`ScriptedClient.timed_peek`; frontier reports by a subclass). The replica's log and the
 temporary directory are removed at the end, also on error (`--keep` keeps them).
 """
 
@@ -84,34 +84,22 @@ ROWS_DDL = SCHEMA
 
 
 class TimedClient(ScriptedClient):
-    """`ScriptedClient` that records, on its reader thread, when each peek answer and
-    each frontier report arrived (`time.perf_counter()`), so round trips exclude the
-    waiting thread's wake-up."""
+    """`ScriptedClient` that also records, on its reader thread, when each frontier report
+    and the first heartbeat arrived (`time.perf_counter()`; peek answers are stamped by
+    `ScriptedClient` itself)."""
 
     def __init__(self, address: str, **kwargs) -> None:
-        self.peek_arrivals: dict[str, float] = {}
         self.frontier_arrivals: list[tuple[float, str, h.Frontier]] = []
         self.first_status_at: float | None = None
         super().__init__(address, **kwargs)
 
     def _record(self, nonce: str, response) -> None:
         now = time.perf_counter()
-        if isinstance(response, h.PeekResponse):
-            self.peek_arrivals.setdefault(response.uuid, now)
-        elif isinstance(response, h.FrontiersResponse):
+        if isinstance(response, h.FrontiersResponse):
             self.frontier_arrivals.append((now, response.id, response.write_frontier))
         elif isinstance(response, h.StatusResponse) and self.first_status_at is None:
             self.first_status_at = now
         super()._record(nonce, response)
-
-    def timed_peek(self, target: h.PeekTarget, timestamp: int, finishing: h.RowSetFinishing, timeout: float = 60) -> tuple[float, h.PeekResult]:
-        """One peek; returns (round trip in seconds, result)."""
-        peek_id = uuid.uuid4().hex
-        command = h.Peek(peek_id, target, timestamp, finishing, int(timeout * 1000))
-        sent = time.perf_counter()
-        self.send(command)
-        result = self.wait_for(lambda r: r.peeks.get(peek_id), timeout + 5, f"peek {peek_id}")
-        return self.peek_arrivals[peek_id] - sent, result
 
     def frontier_passed_at(self, id: str, past: int) -> float:
         """When the first report of `id`'s frontier beyond `past` arrived (after waiting)."""
@@ -428,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         ids = [(i * 4_999) % (APPENDS * ROWS_PER_APPEND) for i in range(1_000)]
         table += [("rows_by_id (100,000 rows): create -> hydrated", ms(hydrated), "one step at the last timestamp")]
         table += peeks(client, rows_index, "sales_rows", "id", ids, last_ts, "rows_by_id (100,000 rows)")
-        print_table(f"3. peek round trips at the last append's timestamp (ms)", table)
+        print_table("3. peek round trips at the last append's timestamp (ms)", table)
 
         table = during_steps(env, client, source, [index, rows_index], rows_index, ids, last_ts)
         print_table("4. key peeks while the replica computes (ms)", table)

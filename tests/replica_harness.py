@@ -92,6 +92,9 @@ class ScriptedClient:
         self.channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 256 * 1024 * 1024)])
         self._outbox: queue.Queue = queue.Queue()
         self.responses = Responses()
+        # When each peek's first answer arrived, stamped on the reader thread, so that
+        # round trips exclude the waiting thread's wake-up.
+        self.peek_arrivals: dict[str, float] = {}
         self._condition = threading.Condition()
         stub = compute_pb2_grpc.ComputeReplicaStub(self.channel)
         self._call = stub.CommandStream(iter(self._outbox.get, None))
@@ -123,6 +126,7 @@ class ScriptedClient:
             r.frontier_log.append(response)
             r.frontiers[response.id] = response.write_frontier
         elif isinstance(response, h.PeekResponse):
+            self.peek_arrivals.setdefault(response.uuid, time.perf_counter())
             r.peeks[response.uuid] = response.result
             r.peek_counts[response.uuid] = r.peek_counts.get(response.uuid, 0) + 1
         elif isinstance(response, h.StatusResponse):
@@ -160,9 +164,15 @@ class ScriptedClient:
         )
 
     def peek(self, target: h.PeekTarget, timestamp: int, finishing: h.RowSetFinishing = h.RowSetFinishing(), timeout: float = 90) -> h.PeekResult:
+        return self.timed_peek(target, timestamp, finishing, timeout)[1]
+
+    def timed_peek(self, target: h.PeekTarget, timestamp: int, finishing: h.RowSetFinishing = h.RowSetFinishing(), timeout: float = 90) -> tuple[float, h.PeekResult]:
+        """One peek: (seconds from sending it to its answer's arrival, the answer)."""
         peek_id = uuid.uuid4().hex
+        sent = time.perf_counter()
         self.send(h.Peek(peek_id, target, timestamp, finishing, int(timeout * 1000)))
-        return self.wait_for(lambda r: r.peeks.get(peek_id), timeout + 5, f"peek {peek_id}")
+        result = self.wait_for(lambda r: r.peeks.get(peek_id), timeout + 5, f"peek {peek_id}")
+        return self.peek_arrivals[peek_id] - sent, result
 
     def peek_table(self, target: h.PeekTarget, timestamp: int, finishing: h.RowSetFinishing = h.RowSetFinishing()) -> pa.Table:
         result = self.peek(target, timestamp, finishing)
