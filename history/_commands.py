@@ -112,6 +112,10 @@ class DataflowDescription:
     ids; `as_of` is not empty (a dataflow with an empty `as_of` has been dropped). The
     dataflow computes `sql` over `imports` at `as_of` and at every later time where an
     input changed, up to (excluding) `until`. `schema` is the output schema as Spark DDL.
+
+    `strategy` says how a replica maintains the output: "incremental" (each change
+    costs what changed; the planner found the query maintainable) or "recompute" (the
+    whole query at every change time). Both give the same versions.
     """
 
     name: str
@@ -122,6 +126,11 @@ class DataflowDescription:
     as_of: Frontier = field(default_factory=Frontier.minimum)
     until: Frontier = field(default_factory=Frontier.empty)
     schema: str = ""
+    strategy: Literal["incremental", "recompute"] = "recompute"
+
+    def __post_init__(self) -> None:
+        if self.strategy not in ("incremental", "recompute"):
+            raise ValueError(f"a dataflow's strategy is 'incremental' or 'recompute', not {self.strategy!r}")
 
     @property
     def export_ids(self) -> tuple[str, ...]:

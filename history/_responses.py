@@ -59,12 +59,20 @@ class PeekResponse:
 @dataclass(frozen=True, slots=True)
 class DataflowStatus:
     """One export's state on a replica: hydrated once its frontier passed `as_of`;
-    `error` is set when the dataflow failed (and stays failed)."""
+    `error` is set when the dataflow failed (and stays failed).
+
+    `last_step_ms` and `rows_changed` describe the latest step (the time it took, and
+    the rows its output changed by: insertions plus retractions); `steps` counts the
+    versions computed since the dataflow was built on this replica.
+    """
 
     id: str
     hydrated: bool
     error: str | None = None
     digest: str = ""
+    last_step_ms: int = 0
+    rows_changed: int = 0
+    steps: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +84,9 @@ class StatusResponse:
 
     `dataflows_kept` and `dataflows_built` count, since the replica process started, the
     dataflows reconciliation kept running and the ones it had to build.
+
+    `errors` are problems of the replica as a whole that stop it from making progress
+    (e.g. its Spark cluster has no live executors); empty when it is fine.
     """
 
     heartbeat: int
@@ -83,6 +94,7 @@ class StatusResponse:
     dataflows_kept: int = 0
     dataflows_built: int = 0
     pid: int = 0
+    errors: tuple[str, ...] = ()
 
 
 ComputeResponse = Union[FrontiersResponse, PeekResponse, StatusResponse]

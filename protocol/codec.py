@@ -231,6 +231,7 @@ def _dataflow_to_proto(desc: h.DataflowDescription) -> pb.DataflowDescription:
         as_of=_frontier_to_proto(desc.as_of),
         until=_frontier_to_proto(desc.until),
         schema=desc.schema,
+        strategy=_lookup(_STRATEGIES, desc.strategy, "dataflow strategy"),
     )
 
 
@@ -244,7 +245,15 @@ def _dataflow_from_proto(message: pb.DataflowDescription) -> h.DataflowDescripti
         as_of=_frontier_from_proto(message.as_of),
         until=_frontier_from_proto(message.until),
         schema=message.schema,
+        strategy=_lookup(_STRATEGY_NAMES, message.strategy, "DataflowStrategy"),
     )
+
+
+_STRATEGIES = {
+    "recompute": pb.DATAFLOW_STRATEGY_RECOMPUTE,
+    "incremental": pb.DATAFLOW_STRATEGY_INCREMENTAL,
+}
+_STRATEGY_NAMES = {v: k for k, v in _STRATEGIES.items()}
 
 
 # The fields of both sides match by name; a field added to one side only fails every
@@ -443,12 +452,21 @@ def _status_to_proto(status: h.StatusResponse) -> pb.StatusResponse:
     return pb.StatusResponse(
         heartbeat=status.heartbeat,
         dataflows=[
-            pb.DataflowStatus(id=d.id, hydrated=d.hydrated, error=d.error, digest=d.digest)
+            pb.DataflowStatus(
+                id=d.id,
+                hydrated=d.hydrated,
+                error=d.error,
+                digest=d.digest,
+                last_step_ms=d.last_step_ms,
+                rows_changed=d.rows_changed,
+                steps=d.steps,
+            )
             for d in status.dataflows
         ],
         dataflows_kept=status.dataflows_kept,
         dataflows_built=status.dataflows_built,
         pid=status.pid,
+        errors=status.errors,
     )
 
 
@@ -456,12 +474,15 @@ def _status_from_proto(message: pb.StatusResponse) -> h.StatusResponse:
     return h.StatusResponse(
         heartbeat=message.heartbeat,
         dataflows=tuple(
-            h.DataflowStatus(d.id, d.hydrated, _optional(d, "error"), d.digest)
+            h.DataflowStatus(
+                d.id, d.hydrated, _optional(d, "error"), d.digest, d.last_step_ms, d.rows_changed, d.steps
+            )
             for d in message.dataflows
         ),
         dataflows_kept=message.dataflows_kept,
         dataflows_built=message.dataflows_built,
         pid=message.pid,
+        errors=tuple(message.errors),
     )
 
 

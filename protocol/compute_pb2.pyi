@@ -13,6 +13,12 @@ class ImportKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     IMPORT_KIND_STORAGE: _ClassVar[ImportKind]
     IMPORT_KIND_INDEX: _ClassVar[ImportKind]
 
+class DataflowStrategy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DATAFLOW_STRATEGY_UNSPECIFIED: _ClassVar[DataflowStrategy]
+    DATAFLOW_STRATEGY_RECOMPUTE: _ClassVar[DataflowStrategy]
+    DATAFLOW_STRATEGY_INCREMENTAL: _ClassVar[DataflowStrategy]
+
 class PredicateOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     PREDICATE_OP_UNSPECIFIED: _ClassVar[PredicateOp]
@@ -34,6 +40,9 @@ class RefusalCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 IMPORT_KIND_UNSPECIFIED: ImportKind
 IMPORT_KIND_STORAGE: ImportKind
 IMPORT_KIND_INDEX: ImportKind
+DATAFLOW_STRATEGY_UNSPECIFIED: DataflowStrategy
+DATAFLOW_STRATEGY_RECOMPUTE: DataflowStrategy
+DATAFLOW_STRATEGY_INCREMENTAL: DataflowStrategy
 PREDICATE_OP_UNSPECIFIED: PredicateOp
 PREDICATE_OP_EQ: PredicateOp
 PREDICATE_OP_NE: PredicateOp
@@ -138,7 +147,7 @@ class SinkExport(_message.Message):
     def __init__(self, id: _Optional[str] = ...) -> None: ...
 
 class DataflowDescription(_message.Message):
-    __slots__ = ("name", "sql", "imports", "index_exports", "sink_exports", "as_of", "until", "schema")
+    __slots__ = ("name", "sql", "imports", "index_exports", "sink_exports", "as_of", "until", "schema", "strategy")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SQL_FIELD_NUMBER: _ClassVar[int]
     IMPORTS_FIELD_NUMBER: _ClassVar[int]
@@ -147,6 +156,7 @@ class DataflowDescription(_message.Message):
     AS_OF_FIELD_NUMBER: _ClassVar[int]
     UNTIL_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
     name: str
     sql: str
     imports: _containers.RepeatedCompositeFieldContainer[Import]
@@ -155,7 +165,8 @@ class DataflowDescription(_message.Message):
     as_of: Frontier
     until: Frontier
     schema: str
-    def __init__(self, name: _Optional[str] = ..., sql: _Optional[str] = ..., imports: _Optional[_Iterable[_Union[Import, _Mapping]]] = ..., index_exports: _Optional[_Iterable[_Union[IndexExport, _Mapping]]] = ..., sink_exports: _Optional[_Iterable[_Union[SinkExport, _Mapping]]] = ..., as_of: _Optional[_Union[Frontier, _Mapping]] = ..., until: _Optional[_Union[Frontier, _Mapping]] = ..., schema: _Optional[str] = ...) -> None: ...
+    strategy: DataflowStrategy
+    def __init__(self, name: _Optional[str] = ..., sql: _Optional[str] = ..., imports: _Optional[_Iterable[_Union[Import, _Mapping]]] = ..., index_exports: _Optional[_Iterable[_Union[IndexExport, _Mapping]]] = ..., sink_exports: _Optional[_Iterable[_Union[SinkExport, _Mapping]]] = ..., as_of: _Optional[_Union[Frontier, _Mapping]] = ..., until: _Optional[_Union[Frontier, _Mapping]] = ..., schema: _Optional[str] = ..., strategy: _Optional[_Union[DataflowStrategy, str]] = ...) -> None: ...
 
 class Predicate(_message.Message):
     __slots__ = ("column", "op", "scalar", "values")
@@ -348,30 +359,38 @@ class PeekResponse(_message.Message):
     def __init__(self, uuid: _Optional[str] = ..., rows: _Optional[_Union[PeekRows, _Mapping]] = ..., error: _Optional[_Union[PeekError, _Mapping]] = ..., canceled: _Optional[_Union[PeekCanceled, _Mapping]] = ...) -> None: ...
 
 class DataflowStatus(_message.Message):
-    __slots__ = ("id", "hydrated", "error", "digest")
+    __slots__ = ("id", "hydrated", "error", "digest", "last_step_ms", "rows_changed", "steps")
     ID_FIELD_NUMBER: _ClassVar[int]
     HYDRATED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
+    LAST_STEP_MS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_CHANGED_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
     id: str
     hydrated: bool
     error: str
     digest: str
-    def __init__(self, id: _Optional[str] = ..., hydrated: _Optional[bool] = ..., error: _Optional[str] = ..., digest: _Optional[str] = ...) -> None: ...
+    last_step_ms: int
+    rows_changed: int
+    steps: int
+    def __init__(self, id: _Optional[str] = ..., hydrated: _Optional[bool] = ..., error: _Optional[str] = ..., digest: _Optional[str] = ..., last_step_ms: _Optional[int] = ..., rows_changed: _Optional[int] = ..., steps: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("heartbeat", "dataflows", "dataflows_kept", "dataflows_built", "pid")
+    __slots__ = ("heartbeat", "dataflows", "dataflows_kept", "dataflows_built", "pid", "errors")
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     DATAFLOWS_FIELD_NUMBER: _ClassVar[int]
     DATAFLOWS_KEPT_FIELD_NUMBER: _ClassVar[int]
     DATAFLOWS_BUILT_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
     heartbeat: int
     dataflows: _containers.RepeatedCompositeFieldContainer[DataflowStatus]
     dataflows_kept: int
     dataflows_built: int
     pid: int
-    def __init__(self, heartbeat: _Optional[int] = ..., dataflows: _Optional[_Iterable[_Union[DataflowStatus, _Mapping]]] = ..., dataflows_kept: _Optional[int] = ..., dataflows_built: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
+    errors: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, heartbeat: _Optional[int] = ..., dataflows: _Optional[_Iterable[_Union[DataflowStatus, _Mapping]]] = ..., dataflows_kept: _Optional[int] = ..., dataflows_built: _Optional[int] = ..., pid: _Optional[int] = ..., errors: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Refusal(_message.Message):
     __slots__ = ("code", "message")

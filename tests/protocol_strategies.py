@@ -59,6 +59,7 @@ dataflows = st.builds(
     as_of=frontiers,
     until=frontiers,
     schema=texts,
+    strategy=st.sampled_from(["recompute", "incremental"]),
 )
 
 targets = st.builds(h.IndexTarget, ids) | st.builds(h.SqlTarget, texts, _tuples(imports))
@@ -93,11 +94,12 @@ RESPONSES: dict[type, st.SearchStrategy] = {
         h.StatusResponse,
         heartbeat=int64s,
         dataflows=_tuples(
-            st.builds(h.DataflowStatus, ids, st.booleans(), st.none() | texts, texts)
+            st.builds(h.DataflowStatus, ids, st.booleans(), st.none() | texts, texts, int64s, int64s, int64s)
         ),
         dataflows_kept=int64s,
         dataflows_built=int64s,
         pid=int64s,
+        errors=_tuples(texts),
     ),
     Refusal: st.builds(Refusal, st.sampled_from(get_args(RefusalCode)), texts),
     HelloAck: st.builds(HelloAck, st.booleans(), counts),
