@@ -361,11 +361,13 @@ class Catalog:
         materialized: bool = False,
         until: Frontier = Frontier.empty(),
         compaction_window_ms: int | None = None,
+        strategy: str = "recompute: not planned",
     ) -> DataflowInfo:
         """Record a dataflow exporting an index named `name` (keyed by `index_key`)
         and/or a materialized view named `name`. `name` must be free among the dataflows
         of `instance` and, for a materialized view, among all sources and views. Imports
-        must be live and readable at `as_of`; indexes only from the same instance."""
+        must be live and readable at `as_of`; indexes only from the same instance.
+        `strategy`: "incremental", or "recompute: <reason>"."""
         conflict = (
             f"instance {instance!r} already has a dataflow named {name!r}, or a source or "
             f"materialized view named {name!r} already exists"
@@ -383,6 +385,7 @@ class Catalog:
                 as_of=as_of,
                 until=until,
                 compaction_window_ms=compaction_window_ms,
+                strategy=strategy,
             )
 
     def drop_dataflow(self, id: str) -> None:

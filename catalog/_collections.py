@@ -219,11 +219,12 @@ def create_dataflow(
     as_of: Frontier,
     until: Frontier,
     compaction_window_ms: int | None,
+    strategy: str,
 ) -> DataflowInfo:
     """Record a dataflow and its exports: an index named `name` keyed by `index_key`
     (unless None), a materialized view named `name` (if `materialized`), or both. Ids are
     allocated in that order: dataflow, index, materialized view. The exports start with
-    `since = upper = as_of`."""
+    `since = upper = as_of`. `strategy` is "incremental" or "recompute: <reason>"."""
     check_name("dataflow", name)
     check_text("sql", sql, max_length=1_000_000)
     check_text("schema", schema, max_length=1_000_000)
@@ -233,6 +234,9 @@ def create_dataflow(
         raise InvalidArgument(f"until ({until.time}) must be beyond as_of ({as_of.time})")
     if compaction_window_ms is not None:
         check_int("compaction_window_ms", compaction_window_ms, minimum=0)
+    check_text("strategy", strategy, max_length=10_000)
+    if strategy != "incremental" and not strategy.startswith("recompute: "):
+        raise InvalidArgument(f"a strategy is 'incremental' or 'recompute: <reason>', not {strategy!r}")
     if index_key is None and not materialized:
         raise InvalidArgument(f"dataflow {name!r} needs an index, a materialized view or both")
     key = None if index_key is None else tuple(index_key)
@@ -267,6 +271,7 @@ def create_dataflow(
         as_of=as_of.time,
         until=until.time,
         compaction_window_ms=compaction_window_ms,
+        strategy=strategy,
     )
     session.add(row)
     session.flush()

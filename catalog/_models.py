@@ -200,8 +200,8 @@ class Dataflow(Base):
     `imports` is a JSON list of {"name", "id", "kind"}; `index_exports` a JSON list of
     {"id", "key": [column, ...]}; `sink_id` the materialized view's collection, if any.
     `as_of` is the as_of at creation; the recovered as_of joins it with the recorded
-    sinces of the exports. Rows are deleted when the dataflow is dropped (its
-    collections stay, marked dropped).
+    sinces of the exports. `strategy` is "incremental" or "recompute: <reason>". Rows
+    are deleted when the dataflow is dropped (its collections stay, marked dropped).
     """
 
     __tablename__ = "dataflows"
@@ -221,6 +221,7 @@ class Dataflow(Base):
     as_of: Mapped[int]
     until: Mapped[int | None]
     compaction_window_ms: Mapped[int | None]
+    strategy: Mapped[str] = mapped_column(Text)
 
 
 # --- Storage manifest -----------------------------------------------------------------

@@ -94,6 +94,7 @@ class DataflowInfo:
     as_of: Frontier
     until: Frontier
     compaction_window_ms: int | None
+    strategy: str  # "incremental", or "recompute: <why>"
 
     @property
     def export_ids(self) -> tuple[str, ...]:
@@ -115,6 +116,7 @@ class DataflowInfo:
             as_of=self.as_of if as_of is None else as_of,
             until=self.until,
             schema=self.schema,
+            strategy="incremental" if self.strategy == "incremental" else "recompute",
         )
 
 
@@ -209,6 +211,7 @@ def dataflow_info(row: Dataflow) -> DataflowInfo:
         as_of=frontier_from_db(row.as_of),
         until=frontier_from_db(row.until),
         compaction_window_ms=row.compaction_window_ms,
+        strategy=row.strategy,
     )
 
 

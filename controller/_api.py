@@ -104,6 +104,7 @@ class DataflowView:
     index_key: tuple[str, ...] | None
     sink_id: str | None  # the materialized view's storage collection
     compaction_window_ms: int
+    strategy: str  # "incremental", or "recompute: <why it is not maintained incrementally>"
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +186,7 @@ class ControllerApi(Protocol):
         index_key: Sequence[str] | None = None,
         materialize: bool = False,
         compaction_window_ms: int = 0,
+        strategy: str = "auto",
     ) -> DataflowView: ...
 
     async def drop_dataflow(self, instance: str, name: str) -> None: ...

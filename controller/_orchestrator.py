@@ -170,6 +170,7 @@ class Orchestrator:
             "--catalog", self.catalog_url,
             "--blob-dir", str(self.blob_dir),
             "--work-dir", str(work_dir),
+            "--crash-file", str(self.work_root / f"{replica.instance}-{replica.name}.crashes.json"),
             "--spark-master", replica.spark_master,
             "--driver-memory", conf.pop("spark.driver.memory", SIZES.get(replica.size, SIZES["xsmall"]).driver_memory),
         ]

@@ -55,6 +55,10 @@ from pyspark.sql import SparkSession
 from catalog import DETERMINISTIC_SPARK_CONF, InvalidArgument
 from controller._api import ControllerError
 from replica_service._spark import SparkSettings, dataflow_session, launch_jvm, start_session
+from replica_service.dataplane import DeltaPlan, NotIncremental, delta_plan, spark_type
+from replica_service.dataplane._jvm import Jvm
+from replica_service.dataplane._plan import ACC_VIEW, DIFF
+from replica_service.dataplane._rows import quote
 from storage import parse_schema, schema_to_ddl
 
 log = logging.getLogger(__name__)
@@ -156,13 +160,15 @@ class PlannedQuery:
     `schema` is the output schema in storage's normal DDL form (`storage.schema_to_ddl`),
     e.g. "region STRING, n BIGINT NOT NULL"; `columns` its column names in order, exactly
     as Spark names them (e.g. `count(1)` for an unaliased `count(*)`); `arrow_schema` the
-    same as `storage.parse_schema(schema)`.
+    same as `storage.parse_schema(schema)`. `not_incremental` is None when replicas can
+    maintain the query incrementally, else the part of it that cannot be.
     """
 
     sql: str
     schema: str
     columns: tuple[str, ...]
     arrow_schema: pa.Schema
+    not_incremental: str | None = None
 
 
 class Planner:
@@ -365,6 +371,7 @@ class Planner:
             execution.assertAnalyzed()
             analyzed = execution.analyzed()
             self._refuse_nondeterminism(analyzed, text)
+            not_incremental = self._not_incremental(session, analyzed, views)
             schema = analyzed.schema()
             fields = json.loads(schema.json())["fields"]
             unsupported = [
@@ -373,17 +380,17 @@ class Planner:
                 if _storage_type(field) is None
             ]
         if unsupported:
-            name, spark_type = unsupported[0]
+            name, column_type = unsupported[0]
             hint = ""
-            if spark_type == "VOID":
+            if column_type == "VOID":
                 hint = " (a bare NULL: give it a type, e.g. CAST(NULL AS BIGINT))"
             raise ControllerError(
                 "INVALID_ARGUMENT",
-                f"output column {name!r} has type {spark_type}{hint}, which storage cannot "
+                f"output column {name!r} has type {column_type}{hint}, which storage cannot "
                 f"hold (it holds {STORAGE_TYPES}): cast the column or leave it out",
             )
         ddl = ", ".join(
-            f"{_backquote(f['name'])} {_storage_type(f)}{'' if f['nullable'] else ' NOT NULL'}"
+            f"{quote(f['name'])} {_storage_type(f)}{'' if f['nullable'] else ' NOT NULL'}"
             for f in fields
         )
         try:
@@ -397,6 +404,7 @@ class Planner:
             schema=schema_to_ddl(arrow_schema),
             columns=tuple(arrow_schema.names),
             arrow_schema=arrow_schema,
+            not_incremental=not_incremental,
         )
 
     def check_index_key(self, planned: PlannedQuery, key: Sequence[str]) -> tuple[str, ...]:
@@ -500,6 +508,48 @@ class Planner:
         if len(self._views) > VIEW_CACHE_SIZE:
             self._views.popitem(last=False)
         return relation
+
+    # --- Incremental maintenance ---------------------------------------------------------
+
+    def _not_incremental(self, session: Any, analyzed: Any, views: Mapping[str, str]) -> str | None:
+        """None if replicas can maintain the query incrementally (its delta plan builds
+        and every template of it analyzes to the query's own output), else why not."""
+        try:
+            plan = delta_plan(session, analyzed, {name.lower(): name for name in views})
+        except NotIncremental as reason:
+            return str(reason)
+        try:
+            self._check_delta_plan(session, plan, views, analyzed)
+        except (CapturedException, Py4JError, AssertionError) as error:
+            # A shape the rewrite claims but does not carry through: recompute it, and
+            # keep the evidence; it is a defect of the delta planner.
+            log.exception("planner: the delta plan of a supported shape did not analyze")
+            return f"its delta plan did not analyze ({_first_line(str(error))})"
+        return None
+
+    def _check_delta_plan(self, session: Any, plan: DeltaPlan, views: Mapping[str, str], analyzed: Any) -> None:
+        """Analyze every template of `plan` over empty views; each must give the query's
+        output columns and types (plus `_diff`)."""
+        catalog = session.sessionState().catalog()
+        for leaf in plan.leaves:
+            ddl = f"{views[leaf.name]}, `{DIFF}` BIGINT"
+            catalog.createTempView(leaf.view, self._view(leaf.view, ddl), True)
+        jvm = Jvm(session)
+        expected = _columns(analyzed.schema())
+        shape = plan.aggregate
+        if shape is None:
+            outputs = [plan.full, *plan.terms]
+        else:
+            accumulators = [f"`__k{i}` {t}" for i, t in enumerate(shape.key_types)]
+            accumulators += [f"`__a{i}` {c.result_type}" for i, c in enumerate(shape.calls)]
+            ddl = ", ".join([*accumulators, f"`{DIFF}` BIGINT"])
+            catalog.createTempView(ACC_VIEW, self._view(ACC_VIEW, ddl), True)
+            for template in (plan.full, *plan.terms):
+                jvm.dataframe_jdf(template)
+            outputs = [shape.post]
+        for template in outputs:
+            produced = _columns(jvm.dataframe_jdf(template).schema())
+            assert produced == [*expected, (DIFF, "BIGINT")], f"{produced} is not {expected} + {DIFF}"
 
     # --- Determinism ---------------------------------------------------------------------
 
@@ -637,39 +687,26 @@ def _view_schemas(tables: Mapping[str, str | pa.Schema]) -> dict[str, str]:
         except InvalidArgument as error:
             raise ControllerError("INVALID_ARGUMENT", f"table {name!r}: {error}") from None
         views[name] = ", ".join(
-            f"{_backquote(field.name)} {_spark_view_type(field)}"
+            f"{quote(field.name)} {spark_type(field)}"
             f"{'' if field.nullable else ' NOT NULL'}"
             for field in arrow
         )
     return views
 
 
-def _spark_view_type(field: pa.Field) -> str:
-    if pa.types.is_string(field.type):
-        return "STRING"
-    if pa.types.is_timestamp(field.type) and field.type.tz is not None:
-        return "TIMESTAMP_LTZ"
-    # storage's spelling of the type, e.g. DECIMAL(10,2), for a column named "x"
-    return schema_to_ddl(pa.schema([pa.field("x", field.type)]))[2:]
-
-
 def _storage_type(field: Mapping[str, Any]) -> str | None:
     """The storage DDL type of an output field (Spark's JSON form), or None."""
-    spark_type = field["type"]
-    if not isinstance(spark_type, str):
+    json_type = field["type"]
+    if not isinstance(json_type, str):
         return None  # ARRAY, MAP, STRUCT, UDT
-    if spark_type == "string" and _COLLATIONS_KEY in field.get("metadata", {}):
+    if json_type == "string" and _COLLATIONS_KEY in field.get("metadata", {}):
         return None  # STRING COLLATE ...: storage keeps no collation
-    if spark_type in _STORAGE_TYPES:
-        return _STORAGE_TYPES[spark_type]
-    sized = _SIZED_TYPE.match(spark_type)
+    if json_type in _STORAGE_TYPES:
+        return _STORAGE_TYPES[json_type]
+    sized = _SIZED_TYPE.match(json_type)
     if sized:
         return f"{sized.group(1).upper()}({sized.group(2).replace(' ', '')})"
     return None
-
-
-def _backquote(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def _casts_special_datetime(cast: Any) -> bool:
@@ -692,6 +729,11 @@ def _random_iv(aes: Any) -> bool:
         return False
     iv = aes.iv()
     return not (iv.foldable() and len(iv.eval(None) or b"") > 0)
+
+
+def _columns(struct: Any) -> list[tuple[str, str]]:
+    """(name, Spark type) of each field of a StructType."""
+    return [(f.name(), f.dataType().sql()) for f in _seq(struct)]
 
 
 def _seq(scala_seq: Any) -> list[Any]:

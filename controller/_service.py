@@ -214,6 +214,7 @@ class ControllerServicer(pb_grpc.ControllerServicer):
             index_key=codec.strings_from_proto(request, "index_key"),
             materialize=request.materialize,
             compaction_window_ms=request.compaction_window_ms,
+            strategy=request.strategy or "auto",
         )
         return _dataflow_to_proto(view)
 

@@ -149,7 +149,7 @@ def _sources(views: list[SourceView]) -> str:
 
 def _dataflows(views: list[DataflowView]) -> str:
     return format_table(
-        ["INSTANCE", "NAME", "ID", "INDEX_KEY", "SINK", "COMPACTION_WINDOW_MS", "SCHEMA"],
+        ["INSTANCE", "NAME", "ID", "INDEX_KEY", "SINK", "COMPACTION_WINDOW_MS", "STRATEGY", "SCHEMA"],
         [
             [
                 d.instance,
@@ -158,6 +158,7 @@ def _dataflows(views: list[DataflowView]) -> str:
                 _index_key(d.index_key),
                 d.sink_id,
                 d.compaction_window_ms,
+                d.strategy,
                 d.schema,
             ]
             for d in views
@@ -233,6 +234,7 @@ def _dataflow_create(client: Client, args: argparse.Namespace) -> DataflowView:
         index_key=args.index_key,
         materialize=args.materialize,
         compaction_window_ms=args.compaction_window_ms,
+        strategy=args.strategy,
     )
 
 
@@ -686,6 +688,13 @@ def _parser() -> argparse.ArgumentParser:
         default=0,
         metavar="N",
         help="how far back reads may go (default: 0)",
+    )
+    p.add_argument(
+        "--strategy",
+        choices=["auto", "incremental", "recompute"],
+        default="auto",
+        help="maintain incrementally where possible (auto, the default), always recompute, "
+        "or refuse a query that cannot be maintained incrementally",
     )
     p = leaf(
         dataflow,

@@ -221,9 +221,15 @@ class Client:
         index_key: Sequence[str] | None = None,
         materialize: bool = False,
         compaction_window_ms: int = 0,
+        strategy: str = "auto",
     ) -> DataflowView:
         """A dataflow computing `sql`, indexed on `index_key` (() for the whole row) when
-        given, and written to storage as a materialized view when `materialize`."""
+        given, and written to storage as a materialized view when `materialize`.
+
+        `strategy`: "auto" maintains it incrementally where the query allows, else
+        recomputes it at every change; "recompute" forces the latter; "incremental"
+        refuses (INVALID_ARGUMENT, naming the part that cannot be maintained) a query that
+        cannot be. The view's `strategy` says what was chosen and why."""
         with _arguments():
             index = codec.strings_to_proto(_names(index_key, "index_key"))
         response = self._call(
@@ -235,6 +241,7 @@ class Client:
             index_key=index,
             materialize=materialize,
             compaction_window_ms=compaction_window_ms,
+            strategy=strategy,
         )
         return _dataflow(response)
 

@@ -328,7 +328,9 @@ class Controller:
 
     # --- Dataflows ------------------------------------------------------------------------
 
-    async def create_dataflow(self, instance, name, sql, *, index_key=None, materialize=False, compaction_window_ms=0) -> DataflowView:
+    async def create_dataflow(self, instance, name, sql, *, index_key=None, materialize=False, compaction_window_ms=0, strategy="auto") -> DataflowView:
+        if strategy not in STRATEGIES:
+            raise ControllerError("INVALID_ARGUMENT", f"strategy must be one of {', '.join(STRATEGIES)}, not {strategy!r}")
         driver = self._driver(instance)
         conf = driver.instance.config.conf()
         tables = await self._plan(lambda planner: planner.referenced_tables(sql, conf))
@@ -346,6 +348,7 @@ class Controller:
         if index_key is not None:
             key = index_key
             index_key = await self._plan(lambda planner: planner.check_index_key(planned, key))
+        recorded = _strategy(name, strategy, planned.not_incremental)
         # Start at the latest time every input can serve, not at an old since: each
         # input change between the two would otherwise be one more Spark step.
         as_of = as_of.join(latest.step_back()) if not latest.is_empty else as_of
@@ -360,6 +363,7 @@ class Controller:
             index_key=index_key,
             materialized=materialize,
             compaction_window_ms=compaction_window_ms,
+            strategy=recorded,
         )
         desc = info.description()
         await driver.call(lambda inst: inst.create_dataflow(desc, compaction_window_ms))
@@ -483,6 +487,22 @@ class Controller:
         return views
 
 
+STRATEGIES = ("auto", "incremental", "recompute")
+
+
+def _strategy(name: str, asked: str, not_incremental: str | None) -> str:
+    """The strategy to record: "incremental" or "recompute: <why>". `auto` picks
+    incremental where the planner found the query maintainable; `incremental` refuses a
+    query that is not, naming the part that cannot be maintained."""
+    if asked == "recompute":
+        return "recompute: asked for"
+    if not_incremental is None:
+        return "incremental"
+    if asked == "incremental":
+        raise ControllerError("INVALID_ARGUMENT", f"dataflow {name!r} cannot be maintained incrementally: {not_incremental}")
+    return f"recompute: {not_incremental}"
+
+
 def _fresh_name(name: str, taken: Sequence[str]) -> str:
     candidate, number = name, 1
     while candidate in taken:
@@ -510,6 +530,7 @@ def _dataflow_view(info: DataflowInfo) -> DataflowView:
         index_key=info.index_exports[0].key if info.index_exports else None,
         sink_id=info.sink_id,
         compaction_window_ms=info.compaction_window_ms or 0,
+        strategy=info.strategy,
     )
 
 

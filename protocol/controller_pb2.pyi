@@ -129,7 +129,7 @@ class SourceView(_message.Message):
     def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., schema: _Optional[str] = ..., since: _Optional[int] = ..., upper: _Optional[int] = ...) -> None: ...
 
 class DataflowView(_message.Message):
-    __slots__ = ("id", "instance", "name", "sql", "schema", "index_id", "index_key", "sink_id", "compaction_window_ms")
+    __slots__ = ("id", "instance", "name", "sql", "schema", "index_id", "index_key", "sink_id", "compaction_window_ms", "strategy")
     ID_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -139,6 +139,7 @@ class DataflowView(_message.Message):
     INDEX_KEY_FIELD_NUMBER: _ClassVar[int]
     SINK_ID_FIELD_NUMBER: _ClassVar[int]
     COMPACTION_WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
     id: str
     instance: str
     name: str
@@ -148,7 +149,8 @@ class DataflowView(_message.Message):
     index_key: _compute_pb2.StringList
     sink_id: str
     compaction_window_ms: int
-    def __init__(self, id: _Optional[str] = ..., instance: _Optional[str] = ..., name: _Optional[str] = ..., sql: _Optional[str] = ..., schema: _Optional[str] = ..., index_id: _Optional[str] = ..., index_key: _Optional[_Union[_compute_pb2.StringList, _Mapping]] = ..., sink_id: _Optional[str] = ..., compaction_window_ms: _Optional[int] = ...) -> None: ...
+    strategy: str
+    def __init__(self, id: _Optional[str] = ..., instance: _Optional[str] = ..., name: _Optional[str] = ..., sql: _Optional[str] = ..., schema: _Optional[str] = ..., index_id: _Optional[str] = ..., index_key: _Optional[_Union[_compute_pb2.StringList, _Mapping]] = ..., sink_id: _Optional[str] = ..., compaction_window_ms: _Optional[int] = ..., strategy: _Optional[str] = ...) -> None: ...
 
 class ReadResult(_message.Message):
     __slots__ = ("rows_arrow", "timestamp", "replica")
@@ -291,20 +293,22 @@ class ListSourcesResponse(_message.Message):
     def __init__(self, sources: _Optional[_Iterable[_Union[SourceView, _Mapping]]] = ...) -> None: ...
 
 class CreateDataflowRequest(_message.Message):
-    __slots__ = ("instance", "name", "sql", "index_key", "materialize", "compaction_window_ms")
+    __slots__ = ("instance", "name", "sql", "index_key", "materialize", "compaction_window_ms", "strategy")
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     SQL_FIELD_NUMBER: _ClassVar[int]
     INDEX_KEY_FIELD_NUMBER: _ClassVar[int]
     MATERIALIZE_FIELD_NUMBER: _ClassVar[int]
     COMPACTION_WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
     instance: str
     name: str
     sql: str
     index_key: _compute_pb2.StringList
     materialize: bool
     compaction_window_ms: int
-    def __init__(self, instance: _Optional[str] = ..., name: _Optional[str] = ..., sql: _Optional[str] = ..., index_key: _Optional[_Union[_compute_pb2.StringList, _Mapping]] = ..., materialize: _Optional[bool] = ..., compaction_window_ms: _Optional[int] = ...) -> None: ...
+    strategy: str
+    def __init__(self, instance: _Optional[str] = ..., name: _Optional[str] = ..., sql: _Optional[str] = ..., index_key: _Optional[_Union[_compute_pb2.StringList, _Mapping]] = ..., materialize: _Optional[bool] = ..., compaction_window_ms: _Optional[int] = ..., strategy: _Optional[str] = ...) -> None: ...
 
 class DropDataflowRequest(_message.Message):
     __slots__ = ("instance", "name")

@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from catalog import Catalog
+from replica_service._crashes import CrashRecord
 from replica_service._replica import Replica
 from replica_service._server import ReplicaServer
 from replica_service._spark import SparkSettings, start_session
@@ -35,6 +36,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--spark-conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting (repeatable)"
     )
     parser.add_argument("--work-dir", type=Path, help="scratch directory (default: a new temporary one)")
+    parser.add_argument(
+        "--crash-file",
+        type=Path,
+        help="where to remember, across restarts, the dataflows that were computing when the JVM died",
+    )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     try:
@@ -59,7 +65,7 @@ async def _serve(args: argparse.Namespace, work_dir: Path) -> None:
     # The JVM is launched (fork + exec) before gRPC starts its threads: a fork while
     # gRPC's threads run broke the launch (the JVM exited before reporting its port).
     session = start_session(settings, work_dir)
-    replica = Replica(storage, settings, work_dir, session)
+    replica = Replica(storage, settings, work_dir, session, CrashRecord(args.crash_file))
     server = ReplicaServer(replica, args.listen)
     await server.start()
     print(json.dumps({"address": server.address, "pid": os.getpid()}), flush=True)

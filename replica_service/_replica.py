@@ -1,10 +1,13 @@
 """The replica: applies the controller's commands and computes every dataflow.
 
 All state lives in one `Replica` and is touched only on the event loop. Blocking work
-(Spark, Parquet, the catalog) runs on worker threads: one for dataflow steps, so steps
-are computed one at a time in a fair order; one for SQL peeks, so they are not queued
-behind a long step; a few for storage I/O. Peeks on an index are answered on the loop
-from the arrangement, while dataflows compute.
+(Spark, the catalog) runs on worker threads: a pool of step workers, so steps of
+different dataflows run at once where Spark has room (each dataflow in a FAIR scheduler
+pool of its own, so a long hydration does not hold back the steps of dataflows already
+live); one for SQL peeks, so they are not queued behind a long step; a few for storage
+I/O. Peeks on an index are answered on the loop from the arrangement, while dataflows
+compute. How a step computes (reading storage, incremental state, writing materialized
+views) is the data plane's (`replica_service.dataplane`).
 
 Connection lifecycle: a session is what one controller epoch sent since an opening
 `Hello`; `connect(hello)` supersedes the current connection, and either resumes its
@@ -31,8 +34,8 @@ import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
+from time import monotonic
 from typing import Any, Callable
 
 import pyarrow as pa
@@ -67,12 +70,18 @@ from history import (
 from protocol import HelloAck, Refusal, table_to_ipc
 from replica_service import _spark
 from replica_service._arrangement import Arrangement, Version, canonical_sort, digest, finish
-from replica_service._dataflow import Dataflow, DataflowInputs
-from replica_service._inputs import StorageTrace
-from replica_service._sink import SinkWriter
+from replica_service._crashes import CrashRecord
+from replica_service._dataflow import Dataflow
+from replica_service.dataplane import SinkWriter, StorageReader, maintainer
 from storage import NegativeCount, Storage
 
 log = logging.getLogger(__name__)
+
+STEP_WORKERS = 4
+"""Dataflow steps computed at once (Spark shares the cores between their jobs)."""
+
+TRANSIENT_RETRIES = 5
+"""A dataflow whose step fails this many times in a row for a passing reason fails."""
 
 DEFAULT_PARAMETERS = ComputeParameters(
     max_result_rows=100_000,
@@ -141,7 +150,9 @@ class Replica:
     same step that sends its one response; a new session cancels them all.
     """
 
-    def __init__(self, storage: Storage, settings: _spark.SparkSettings, work_dir: Path, session: SparkSession) -> None:
+    def __init__(
+        self, storage: Storage, settings: _spark.SparkSettings, work_dir: Path, session: SparkSession, crashes: CrashRecord | None = None
+    ) -> None:
         self.storage = storage
         self.settings = settings
         self.work_dir = work_dir
@@ -155,12 +166,17 @@ class Replica:
         self.wakeups: dict[str, asyncio.Event] = {}  # dataflow id -> "inputs may have moved"
         self.progress = asyncio.Event()  # set and replaced whenever any frontier moves
         self.peeks: dict[str, asyncio.Task] = {}
-        self.storage_uppers: dict[str, Frontier] = {}  # as last polled, by collection id
+        # One reader per storage collection that a live dataflow imports or writes,
+        # shared by those dataflows; dropped with the last of them.
+        self.readers: dict[str, StorageReader] = {}
+        self._refreshing: dict[str, asyncio.Task] = {}  # reader id -> its manifest read
+        self.crashes = crashes or CrashRecord(None)
+        self.in_flight: set[str] = set()  # dataflows whose step is running on Spark
         self._poller: asyncio.Task | None = None
         self.dataflows_kept = 0
         self.dataflows_built = 0
         self.heartbeats = 0
-        self._step_pool = ThreadPoolExecutor(1, thread_name_prefix="step")
+        self._step_pool = ThreadPoolExecutor(STEP_WORKERS, thread_name_prefix="step")
         self._peek_pool = ThreadPoolExecutor(1, thread_name_prefix="sql-peek")
         self._io_pool = ThreadPoolExecutor(4, thread_name_prefix="storage")
         self._session = session  # started before the gRPC server: see __main__
@@ -344,22 +360,25 @@ class Replica:
             if id in self.collections:
                 log.warning("CreateDataflow %s: collection %s exists; ignored", desc.name, id)
                 return
-        storage_inputs, index_inputs = {}, {}
+        inputs: dict[str, StorageReader | Arrangement] = {}
         for source in desc.imports:
             if source.kind == "index":
                 upstream = self.collections.get(source.id)
                 if upstream is None or source.id not in upstream.arrangements:
                     log.error("CreateDataflow %s imports unknown index %s", desc.name, source.id)
                     return
-                index_inputs[source.name] = upstream.arrangements[source.id]
+                inputs[source.name] = upstream.arrangements[source.id]
             else:
-                storage_inputs[source.name] = StorageTrace(source.id, self.storage.schema(source.id), desc.as_of.time)
+                inputs[source.name] = self._reader(source.id)
+        for sink in desc.sink_exports:
+            self._reader(sink.id)  # a recomputed version is diffed against the sink's contents
         dataflow = Dataflow(
             desc=desc,
-            inputs=DataflowInputs(storage_inputs, index_inputs),
+            inputs=inputs,
             arrangements={e.id: Arrangement(e.id, e.key, desc.as_of, desc.as_of) for e in desc.index_exports},
             sinks={e.id: SinkWriter(e.id, self.storage) for e in desc.sink_exports},
         )
+        dataflow.error = self.crashes.refusal(dataflow.id)
         self.dataflows[dataflow.id] = dataflow
         for id in desc.export_ids:
             self.collections[id] = dataflow
@@ -372,6 +391,8 @@ class Replica:
         if dataflow is None or dataflow.scheduled:
             return
         dataflow.scheduled = True
+        if dataflow.error is not None:
+            return  # refused at creation: reported, never computed
         if self._poller is None:
             self._poller = asyncio.get_running_loop().create_task(self._poll_storage())
         self.wakeups[dataflow.id] = asyncio.Event()
@@ -388,10 +409,6 @@ class Replica:
             self._send_frontier(command.id, Frontier.empty())
             if dataflow.dropped >= set(dataflow.desc.export_ids):
                 self._drop_dataflow(dataflow, report=False)
-        since = dataflow.since
-        if not since.is_empty:
-            for trace in dataflow.inputs.storage.values():
-                trace.compact(since.time)
 
     def _drop_dataflow(self, dataflow: Dataflow, *, report: bool) -> None:
         task = self.tasks.pop(dataflow.id, None)
@@ -403,6 +420,7 @@ class Replica:
             self.collections.pop(id, None)
             if report:
                 self._send_frontier(id, Frontier.empty())
+        self._release_readers()
         self._notify_progress()
 
     def _peek(self, command: Peek) -> None:
@@ -423,101 +441,169 @@ class Replica:
         loop = asyncio.get_running_loop()
         wakeup = self.wakeups[dataflow.id]
         session = None
+        passing_failures = 0
         while True:
             wakeup.clear()
             try:
                 if session is None:
                     base = await self.spark()
                     session = await loop.run_in_executor(self._step_pool, _spark.dataflow_session, base, self.instance.conf())
-                    run_sql = partial(_spark.run_sql, session)
-                await self._load_inputs(dataflow)
+                await self._refresh_readers(dataflow)
                 upper = dataflow.input_upper()  # fixed for this round: inputs move meanwhile
                 times = dataflow.next_times(upper)
                 for position, time in enumerate(times):
-                    started = loop.time()
-                    result = await loop.run_in_executor(self._step_pool, dataflow.compute, time, run_sql)
-                    log.info("dataflow %s: computed %d rows at %d in %.0f ms", dataflow.desc.name, result.num_rows, time, 1000 * (loop.time() - started))
-                    following = times[position + 1] if position + 1 < len(times) else None
-                    await self._install(dataflow, time, result, upper if following is None else Frontier(following))
+                    following = Frontier(times[position + 1]) if position + 1 < len(times) else upper
+                    await self._step(dataflow, session, time, following)
                 if not times and upper > dataflow.frontier and dataflow.last_computed is not None:
-                    await self._write_sinks(dataflow, None, upper)
+                    await self._advance_sinks(dataflow, upper)
                 self._advance(dataflow, upper)
+                passing_failures = 0
             except (OSError, CatalogError) as e:
                 if isinstance(e, NegativeCount):  # the stored data is wrong, not the moment
                     self._fail(dataflow, str(e))
                     return
-                # A batch file compacted away under us, a storage hiccup, a read the
-                # controller's holds did not cover yet: try again at the next wake-up.
+                # A storage hiccup, a read the controller's holds did not cover yet:
+                # try again at the next wake-up.
                 log.warning("dataflow %s: storage read failed, retrying: %s", dataflow.desc.name, e)
                 await asyncio.sleep(self.parameters.input_poll_interval_ms / 1000)
                 wakeup.set()
             except (Py4JNetworkError, ConnectionError):
-                log.critical("lost the Spark driver; exiting so that the replica is restarted")
-                os._exit(70)
-            except Exception as e:  # a Spark error in the user's SQL: this dataflow fails alone
-                self._fail(dataflow, _spark_error_message(e))
-                return
+                self._lost_jvm({dataflow.id, *self.in_flight})
+            except Exception as e:
+                message = _spark_error_message(e)
+                if _is_passing(e) and passing_failures < TRANSIENT_RETRIES:
+                    # Lost executors, missing cached blocks, files gone under an old plan:
+                    # the moment, not the query. Rebuild the dataflow's Spark state and retry.
+                    passing_failures += 1
+                    log.warning("dataflow %s: step failed (%s), rebuilding its state, retry %d", dataflow.desc.name, message, passing_failures)
+                    dataflow.maintainer = None
+                    await asyncio.sleep(min(2**passing_failures, 30))
+                    wakeup.set()
+                else:  # an error in the user's SQL or data: this dataflow fails alone
+                    self._fail(dataflow, message)
+                    return
             if dataflow.frontier.is_empty or dataflow.frontier == dataflow.desc.until:
                 return
             await wakeup.wait()  # set by the storage poller or an upstream dataflow
+
+    def _lost_jvm(self, computing: set[str]) -> None:
+        """The JVM is gone (an OutOfMemoryError in a task kills it): record what it was
+        computing, so that the next incarnation does not die the same way forever, and
+        exit for the controller to start one."""
+        cause = _spark.jvm_exit_cause()
+        log.critical("lost the Spark driver (%s) while computing %s; exiting so that the replica is restarted", cause, sorted(computing))
+        self.crashes.record(computing, cause)
+        os._exit(70)
 
     def _fail(self, dataflow: Dataflow, error: str) -> None:
         dataflow.error = error
         log.warning("dataflow %s failed: %s", dataflow.desc.name, error)
         self._notify_progress()
 
-    async def _load_inputs(self, dataflow: Dataflow) -> None:
+    async def _step(self, dataflow: Dataflow, session: SparkSession, time: int, following: Frontier) -> None:
+        """Compute `dataflow` at `time` (a Spark step: versions collected for its indexes,
+        changes written to its sinks), install it, and advance the dataflow to
+        `following` (the next time to compute, or the inputs' upper)."""
         loop = asyncio.get_running_loop()
-        for trace in dataflow.inputs.storage.values():
-            upper = self.storage_uppers.get(trace.id)
-            if upper is None or trace.upper < upper:
-                if upper is None:
-                    upper = await loop.run_in_executor(self._io_pool, self.storage.upper, trace.id)
-                await loop.run_in_executor(self._io_pool, trace.load, self.storage, upper)
-
-    async def _poll_storage(self) -> None:
-        """Read every storage collection's upper with one catalog query per interval, and
-        wake the dataflows whose inputs moved (instead of each dataflow polling each of
-        its inputs)."""
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(self.parameters.input_poll_interval_ms / 1000)
-            if not any(d.scheduled and d.inputs.storage for d in self.dataflows.values()):
-                continue
-            try:
-                collections = await loop.run_in_executor(self._io_pool, self.storage.catalog.list_collections)
-            except Exception as e:  # the catalog is unreachable for a moment: poll again
-                log.warning("polling storage uppers failed: %s", e)
-                continue
-            self.storage_uppers = {c.id: c.upper for c in collections if c.namespace == "storage"}
-            for id, wakeup in self.wakeups.items():
-                traces = self.dataflows[id].inputs.storage.values()
-                if any(trace.upper < self.storage_uppers.get(trace.id, trace.upper) for trace in traces):
-                    wakeup.set()
-
-    async def _install(self, dataflow: Dataflow, time: int, result: pa.Table, frontier: Frontier) -> None:
-        """Make the result at `time` a version of every index and a write to every sink,
-        then advance the dataflow to `frontier` (the next time to compute, or its target)."""
-        loop = asyncio.get_running_loop()
+        previous = _latest_rows(dataflow)
+        # A sink holds this version until the next one; with closed inputs, from now on.
+        sink_upper = time + 1 if following.is_empty else following.time
+        started = monotonic()
+        self.in_flight.add(dataflow.id)
+        try:
+            rows, changed = await loop.run_in_executor(self._step_pool, self._compute, dataflow, session, time, previous, sink_upper)
+        finally:
+            self.in_flight.discard(dataflow.id)
+        elapsed_ms = int(1000 * (monotonic() - started))
+        log.info("dataflow %s: computed time %d in %d ms, %d rows changed", dataflow.desc.name, time, elapsed_ms, changed)
         for arrangement in dataflow.arrangements.values():
-            version = await loop.run_in_executor(self._io_pool, Version.build, time, result, arrangement.key)
+            version = await loop.run_in_executor(self._io_pool, Version.build, time, rows, arrangement.key)
             arrangement.insert(version)
             dataflow.digest = version.digest
-        if not dataflow.arrangements:
-            dataflow.digest = await loop.run_in_executor(self._io_pool, digest, result)
         dataflow.last_computed = time
         dataflow.steps += 1
-        await self._write_sinks(dataflow, (time, result), frontier)
-        self._advance(dataflow, frontier)
+        dataflow.last_step_ms, dataflow.rows_changed = elapsed_ms, changed
+        self._advance(dataflow, following)
 
-    async def _write_sinks(self, dataflow: Dataflow, version: tuple[int, pa.Table] | None, upper: Frontier) -> None:
-        """Write `version` (or, with None, just the upper) to every live sink export."""
+    def _compute(self, dataflow: Dataflow, session: SparkSession, time: int, previous: pa.Table | None, sink_upper: int) -> tuple[pa.Table | None, int]:
+        """One step (blocking, on a step worker): the whole version for the indexes (None
+        without any) and the rows it changed; the sinks written."""
+        session.sparkContext.setLocalProperty("spark.scheduler.pool", dataflow.id)
+        if dataflow.maintainer is None:
+            partitions = int(self.instance.conf().get("spark.sql.shuffle.partitions", "200"))
+            sink_readers = {id: self.readers[id] for id in dataflow.sinks}
+            built = maintainer(dataflow.desc, session, dataflow.inputs, sink_readers, partitions)
+            if dataflow.last_computed is not None and not dataflow.frontier.is_empty:
+                # Rebuilt after a failure: bring the state to where the versions are.
+                built.restore(dataflow.frontier.time - 1)
+            dataflow.maintainer = built
+        output = dataflow.maintainer.step(time)
+        rows = output.version(previous) if dataflow.arrangements else None
+        for id, sink in dataflow.sinks.items():
+            if id not in dataflow.dropped:
+                output.write(sink, sink_upper)
+        output.finish()
+        return rows, output.rows_changed
+
+    async def _advance_sinks(self, dataflow: Dataflow, upper: Frontier) -> None:
+        """Move every live sink's upper to `upper`: no input changed below it."""
         if upper.is_empty:
-            return  # the inputs are closed; the last write already holds the final rows
+            return  # the inputs are closed; the last write holds the final rows from its time on
         loop = asyncio.get_running_loop()
         for id, sink in dataflow.sinks.items():
             if id not in dataflow.dropped:
-                await loop.run_in_executor(self._io_pool, sink.write, version, upper.time)
+                await loop.run_in_executor(self._io_pool, sink.write, dataflow.last_computed, None, upper.time)
+
+    # --- Storage readers -------------------------------------------------------------------
+
+    def _reader(self, id: str) -> StorageReader:
+        reader = self.readers.get(id)
+        if reader is None:
+            reader = self.readers[id] = StorageReader(self.storage, id)
+        return reader
+
+    def _release_readers(self) -> None:
+        """Close the readers no live dataflow reads or writes any more."""
+        used = {s.id for d in self.dataflows.values() for s in (*d.desc.imports, *d.desc.sink_exports)}
+        for id in [id for id in self.readers if id not in used]:
+            self.readers.pop(id).close()
+
+    async def _refresh_readers(self, dataflow: Dataflow) -> None:
+        """Read the manifests of the dataflow's storage collections not read yet (the
+        poller keeps them current afterwards)."""
+        ids = [s.id for s in dataflow.desc.imports if s.kind == "storage"] + [s.id for s in dataflow.desc.sink_exports]
+        await asyncio.gather(*(self._refresh(id) for id in ids if not self.readers[id].refreshed))
+
+    async def _refresh(self, id: str) -> None:
+        """Read collection `id`'s manifest again; concurrent callers share one read."""
+        task = self._refreshing.get(id)
+        if task is None:
+            reader, session = self.readers[id], await self.spark()
+            task = asyncio.get_running_loop().run_in_executor(self._io_pool, reader.refresh, session)
+            task = self._refreshing[id] = asyncio.ensure_future(task)
+            task.add_done_callback(lambda _: self._refreshing.pop(id, None))
+        await asyncio.shield(task)
+
+    async def _poll_storage(self) -> None:
+        """Read every storage collection's upper with one catalog query per interval, read
+        the manifests of the collections that moved, and wake the dataflows reading them
+        (instead of each dataflow polling each of its inputs)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.parameters.input_poll_interval_ms / 1000)
+            if not self.readers:
+                continue
+            try:
+                collections = await loop.run_in_executor(self._io_pool, self.storage.catalog.list_collections)
+                uppers = {c.id: c.upper for c in collections if c.namespace == "storage"}
+                moved = {id for id, reader in self.readers.items() if reader.refreshed and uppers.get(id, reader.upper) != reader.upper}
+                await asyncio.gather(*(self._refresh(id) for id in moved))
+            except Exception as e:  # the catalog is unreachable for a moment: poll again
+                log.warning("polling storage failed: %s", e)
+                continue
+            for id, wakeup in self.wakeups.items():
+                if any(source.id in moved for source in self.dataflows[id].desc.imports):
+                    wakeup.set()
 
     def _advance(self, dataflow: Dataflow, frontier: Frontier) -> None:
         frontier = frontier.join(dataflow.desc.as_of)
@@ -623,6 +709,9 @@ class Replica:
                 hydrated=dataflow.frontier > dataflow.desc.as_of,
                 error=dataflow.error,
                 digest=dataflow.digest,
+                last_step_ms=dataflow.last_step_ms,
+                rows_changed=dataflow.rows_changed,
+                steps=dataflow.steps,
             )
             for dataflow in self.dataflows.values()
         )
@@ -640,6 +729,31 @@ class Replica:
     def _notify_progress(self) -> None:
         self.progress.set()
         self.progress = asyncio.Event()
+
+
+def _latest_rows(dataflow: Dataflow) -> pa.Table | None:
+    """The rows of the dataflow's latest version (all its indexes hold the same rows)."""
+    for arrangement in dataflow.arrangements.values():
+        return arrangement.versions[-1].table if arrangement.versions else None
+    return None
+
+
+# Spark errors that come from the moment, not from the query or its data.
+_PASSING = (
+    "ExecutorLostFailure",
+    "FetchFailed",
+    "Checkpoint block",
+    "BlockMissingException",
+    "FileNotFoundException",
+    "FILE_NOT_EXIST",
+    "Executor heartbeat timed out",
+    "Connection refused",
+)
+
+
+def _is_passing(error: Exception) -> bool:
+    text = str(error)
+    return any(marker in text for marker in _PASSING)
 
 
 def _spark_error_message(error: Exception) -> str:

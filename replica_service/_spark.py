@@ -62,6 +62,15 @@ def session_conf(settings: SparkSettings, work_dir: Path) -> dict[str, str]:
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.warehouse.dir": str(work_dir / "warehouse"),
         "spark.sql.execution.arrow.pyspark.enabled": "true",
+        # Steps of different dataflows run at once, each in a pool of its own: a long
+        # hydration does not queue the steps of dataflows already live behind it.
+        "spark.scheduler.mode": "FAIR",
+        # Materialized-view batches written by Spark are read by pyarrow too: timestamps
+        # as INT64 microseconds (the default INT96 reads back as nanoseconds).
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        # A read names its batch files one by one; listing them with a Spark job (past
+        # the default 32 paths) costs more than it saves.
+        "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000",
     }
     conf.update(settings.conf)
     return conf
@@ -106,6 +115,22 @@ def start_session(
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+def jvm_exit_cause() -> str:
+    """Why this process's JVM is gone, as far as its exit code tells."""
+    process = getattr(SparkContext._gateway, "proc", None)
+    code = process.poll() if process is not None else None
+    if code is None:
+        return "the JVM stopped answering"
+    return _JVM_EXIT_CODES.get(code, f"the JVM exited with code {code}")
+
+
+# SparkExitCode: the codes Spark's own handlers exit the JVM with.
+_JVM_EXIT_CODES = {
+    52: "java.lang.OutOfMemoryError (the JVM exited with code 52)",
+    50: "an uncaught exception in the JVM (exit code 50)",
+}
 
 
 def apply_instance_conf(session: SparkSession, settings: SparkSettings, work_dir: Path, conf: Mapping[str, str]) -> SparkSession:
@@ -154,10 +179,6 @@ def query(session: SparkSession, sql: str, inputs: Mapping[str, pa.Table]) -> Da
         schema = from_arrow_schema(table.schema, prefer_timestamp_ntz=True)
         session.createDataFrame(table, schema=schema).createOrReplaceTempView(name)
     return session.sql(sql)
-
-
-def run_sql(session: SparkSession, sql: str, inputs: Mapping[str, pa.Table]) -> pa.Table:
-    return query(session, sql, inputs).toArrow()
 
 
 # Plan nodes above a global sort that keep its order.

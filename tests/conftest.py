@@ -154,20 +154,23 @@ def storage(controller: Catalog, blob_dir: Path) -> Storage:
 
 
 def dump_database(url: str) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of every catalog table, sorted: equal dumps mean nothing was written."""
-    from sqlalchemy import select
+    """Every row of every catalog table as the database has it now (at any revision),
+    sorted: equal dumps mean nothing was written."""
+    from sqlalchemy import MetaData, select
 
     from catalog import make_engine
-    from catalog._models import Base
 
     engine = make_engine(url)
     try:
         with engine.connect() as connection:
+            tables = MetaData()
+            tables.reflect(bind=connection)
             return {
                 table.name: sorted(
                     (tuple(row) for row in connection.execute(select(table))), key=repr
                 )
-                for table in Base.metadata.sorted_tables
+                for table in tables.sorted_tables
+                if table.name != "alembic_version"
             }
     finally:
         engine.dispose()

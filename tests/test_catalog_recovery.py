@@ -36,6 +36,7 @@ def dataflow(id: str, exports: list[str], imports: list[str]) -> DataflowInfo:
         as_of=Frontier(0),
         until=Frontier.empty(),
         compaction_window_ms=None,
+        strategy="recompute: not planned",
     )
 
 

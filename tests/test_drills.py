@@ -133,7 +133,7 @@ def verify(state: Drill) -> None:
         expected: dict[int, dict[str, list[dict]]] = {}
         for instance, key, t, rows in state.answers:
             if t not in expected:
-                result = _spark.run_sql(session, TOTALS, {"sales": snapshot(state.root, catalog, source, t)}).to_pylist()
+                result = _spark.query(session, TOTALS, {"sales": snapshot(state.root, catalog, source, t)}).toArrow().to_pylist()
                 expected[t] = {r["region"]: [r] for r in result}
             assert rows == expected[t].get(key, []), (instance, key, t)
     finally:

@@ -138,6 +138,7 @@ def test_down_to_base_and_up_again_with_data_in_place(catalog_url: str) -> None:
 
 
 PER_INSTANCE_INDEX_NAMES = "ed8674a1e99b"  # live names unique among storage only
+DATAFLOW_STRATEGY = "5c1d2e7a9b30"  # dataflows record how they are maintained
 
 
 def write_rows(url: str, rows: dict[str, list[dict[str, object]]]) -> None:
@@ -207,8 +208,9 @@ def test_the_previous_revision_upgrades_with_its_data(catalog_url: str, dump) ->
     engine.dispose()
     before = dump()
 
-    command.upgrade(cli_config(catalog_url), "head")
+    command.upgrade(cli_config(catalog_url), PER_INSTANCE_INDEX_NAMES)
     assert dump() == before
+    command.upgrade(cli_config(catalog_url), "head")
     assert differences(catalog_url) == []
     with Catalog.open(catalog_url) as catalog:
         catalog.become_controller()
@@ -252,11 +254,11 @@ def test_the_downgrade_waits_until_index_names_are_unique_again(catalog_url: str
     previous = ScriptDirectory.from_config(alembic_config()).get_revision(
         PER_INSTANCE_INDEX_NAMES
     )
+    command.downgrade(cli_config(catalog_url), PER_INSTANCE_INDEX_NAMES)
     before = dump()
     with pytest.raises(RuntimeError, match=r"indexes named \['totals'\]"):
         command.downgrade(cli_config(catalog_url), previous.down_revision)
     assert dump() == before
-    assert differences(catalog_url) == []
 
     with Catalog.open(catalog_url) as catalog:
         catalog.become_controller()
@@ -301,3 +303,38 @@ def test_the_schema_is_never_made_with_create_all() -> None:
 @pytest.fixture(autouse=True)
 def _quiet_alembic(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("WARNING", logger="alembic")
+
+
+def test_dataflows_from_before_strategies_upgrade_as_recomputed(catalog_url: str) -> None:
+    command.upgrade(cli_config(catalog_url), PER_INSTANCE_INDEX_NAMES)
+    write_rows(
+        catalog_url,
+        {
+            "instances": [
+                {"name": "main", "spark_conf": {}, "min_in_sync": 1, "max_lag_ms": 0, "replica_timeout_ms": 1, "parameters": {}}
+            ],
+            "collections": [collection("u1", "orders", "source")],
+            "dataflows": [
+                {
+                    "id": "u2",
+                    "instance_name": "main",
+                    "name": "totals",
+                    "sql": "SELECT * FROM orders",
+                    "imports": [{"name": "orders", "id": "u1", "kind": "storage"}],
+                    "index_exports": [{"id": "u3", "key": ["id"]}],
+                    "sink_id": None,
+                    "schema": "id BIGINT",
+                    "as_of": 0,
+                    "until": None,
+                    "compaction_window_ms": None,
+                }
+            ],
+        },
+    )
+    command.upgrade(cli_config(catalog_url), DATAFLOW_STRATEGY)
+    with Catalog.open(catalog_url) as catalog:
+        info = catalog.dataflow_by_name("main", "totals")
+        assert info.strategy == "recompute: created before incremental maintenance"
+        assert info.description().strategy == "recompute"
+    command.downgrade(cli_config(catalog_url), PER_INSTANCE_INDEX_NAMES)
+    assert differences(catalog_url) != []  # the models are ahead of this revision again

@@ -104,7 +104,7 @@ def _dataflow(env, name: str, sql: str, imports: dict[str, str], *, key=None, ma
     imported = [h.Import(alias, storage_id, "storage") for alias, storage_id in imports.items()]
     since = max(storage.since(i.id).time for i in imported)
     empty = {alias: storage.schema(id).empty_table() for alias, id in imports.items()}
-    schema = schema_to_ddl(_spark.run_sql(env["planner"], sql, empty).schema)
+    schema = schema_to_ddl(_spark.query(env["planner"], sql, empty).toArrow().schema)
     info = catalog.create_dataflow(
         env["config"].name,
         name,
@@ -120,7 +120,7 @@ def _dataflow(env, name: str, sql: str, imports: dict[str, str], *, key=None, ma
 
 def _expected(spark, env, sql: str, imports: dict[str, str], t: int) -> pa.Table:
     tables = {alias: env["storage"].read_snapshot(id, t) for alias, id in imports.items()}
-    return _spark.run_sql(spark, sql, tables)
+    return _spark.query(spark, sql, tables).toArrow()
 
 
 def _rows(table: pa.Table) -> list[dict]:
@@ -225,7 +225,7 @@ def test_sql_peek_over_an_index(env, sales, small, spark):
     t = sales["times"][1]
     target = h.SqlTarget("select region, n * 2 as doubled from totals where region is not null order by region", (h.Import("totals", index, "index"),))
     answer = _peek_rows(small.client.peek(target, t))
-    expected = _spark.run_sql(spark, "select region, n * 2 as doubled from t where region is not null order by region", {"t": _expected(spark, env, TOTALS, {"sales": sales["id"]}, t)})
+    expected = _spark.query(spark, "select region, n * 2 as doubled from t where region is not null order by region", {"t": _expected(spark, env, TOTALS, {"sales": sales["id"]}, t)}).toArrow()
     assert answer.to_pylist() == expected.to_pylist()
 
 

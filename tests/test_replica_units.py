@@ -1,5 +1,5 @@
-"""The replica's pure parts, without Spark: arrangements, finishing, step planning,
-storage traces and sink diffs."""
+"""The replica's pure parts, without Spark: arrangements, finishing, step planning, and
+the Arrow side of index changes."""
 
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ from hypothesis import strategies as st
 import history as h
 from replica_service._arrangement import Arrangement, Version, canonical_sort, digest, finish
 from replica_service._dataflow import times_to_compute
-from replica_service._inputs import StorageTrace
-from replica_service._sink import difference
-from storage import DIFF, TIME, snapshot_of
+from replica_service.dataplane._maintain import _apply, _signed_changes
+from storage import DIFF, NegativeCount
 
 ROWS = pa.table(
     {
@@ -105,56 +104,39 @@ def test_finishing_refuses_what_does_not_fit(finishing, message):
 
 def test_times_to_compute():
     never = h.Frontier.minimum()
-    assert times_to_compute(10, None, h.Frontier(10), [], never) == []  # inputs not past as_of
-    assert times_to_compute(10, None, h.Frontier(25), [12, 20], never) == [10, 12, 20]
-    assert times_to_compute(10, 12, h.Frontier(25), [20], never) == [20]
+    index = dict(every_time=False)
+    assert times_to_compute(10, None, h.Frontier(10), [], never, **index) == []  # inputs not past as_of
+    assert times_to_compute(10, None, h.Frontier(25), [12, 20], never, **index) == [10, 12, 20]
+    assert times_to_compute(10, 12, h.Frontier(25), [20], never, **index) == [20]
     # Of the times at or below since only the latest is needed.
-    assert times_to_compute(10, None, h.Frontier(25), [12, 20, 22], h.Frontier(21)) == [20, 22]
-    assert times_to_compute(10, None, h.Frontier(25), [12, 20], h.Frontier.empty()) == [20]
+    assert times_to_compute(10, None, h.Frontier(25), [12, 20, 22], h.Frontier(21), **index) == [20, 22]
+    assert times_to_compute(10, None, h.Frontier(25), [12, 20], h.Frontier.empty(), **index) == [20]
 
 
-def _trace(updates: list[tuple[int, int, int]]) -> StorageTrace:
-    """A trace over `v BIGINT` loaded with (value, time, diff) updates at one go."""
-    schema = pa.schema([pa.field("v", pa.int64())])
-    trace = StorageTrace("u1", schema, as_of=0)
-    table = pa.table({"v": [u[0] for u in updates], TIME: [u[1] for u in updates], DIFF: [u[2] for u in updates]})
-    trace._add(table, max((u[1] for u in updates), default=0))
-    return trace
-
-
-updates_strategy = st.lists(
-    st.tuples(st.integers(0, 5), st.integers(0, 30), st.just(1)), min_size=1, max_size=60
-).map(lambda inserts: inserts + [(v, t + 3, -1) for v, t, _ in inserts[::3]])
-
-
-@settings(max_examples=200, deadline=None)
-@given(updates_strategy, st.integers(0, 35))
-def test_trace_compaction_preserves_snapshots_at_or_after_since(updates, since):
-    trace = _trace(updates)
-    last = max(u[1] for u in updates)
-    before = {t: trace.snapshot(t) for t in range(since, last + 1)}
-    times_before = [t for t in trace.times if t >= since]
-    trace.compact(since)
-    for t, expected in before.items():
-        assert trace.snapshot(t).equals(expected), t
-    assert [t for t in trace.times if t >= since] == times_before
-    assert len([t for t in trace.times if t < since]) <= 1
-
-
-def test_trace_change_times_are_bounded_on_both_sides():
-    trace = _trace([(1, 3, 1), (2, 5, 1), (3, 9, 1)])
-    assert trace.change_times(3, 9) == [5]
-    assert trace.change_times(0, float("inf")) == [3, 5, 9]
+def test_a_materialized_view_computes_every_time():
+    """A storage collection is readable at every time it holds: no version is skipped,
+    not even with the empty `since` of a dataflow without indexes."""
+    assert times_to_compute(10, None, h.Frontier(25), [12, 20], h.Frontier.empty(), every_time=True) == [10, 12, 20]
+    assert times_to_compute(10, 12, h.Frontier(25), [20, 22], h.Frontier(21), every_time=True) == [20, 22]
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(0, 4), max_size=12), st.lists(st.integers(0, 4), max_size=12))
-def test_difference_turns_old_into_new(old_values, new_values):
+def test_index_changes_turn_the_old_version_into_the_new(old_values, new_values):
     schema = pa.schema([pa.field("v", pa.int64())])
     old = pa.table({"v": sorted(old_values)}, schema=schema)
     new = pa.table({"v": sorted(new_values)}, schema=schema)
-    updates = difference(old, new, 7)
-    assert set(updates[TIME].to_pylist()) <= {7}
-    stamped_old = old.append_column(TIME, pa.array([0] * old.num_rows, pa.int64())).append_column(DIFF, pa.array([1] * old.num_rows, pa.int64()))
-    combined = pa.concat_tables([stamped_old, updates.select(["v", TIME, DIFF])])
-    assert snapshot_of(combined, ["v"], "test").column("v").to_pylist() == sorted(new_values)
+    changes = _signed_changes(old, new)
+    assert changes.num_rows == len(set(old_values) ^ set(new_values)) + sum(
+        1 for v in set(old_values) & set(new_values) if old_values.count(v) != new_values.count(v)
+    )
+    assert _apply(old, changes, "test", 7).column("v").to_pylist() == sorted(new_values)
+    assert _apply(None, _signed_changes(old.slice(0, 0), new), "test", 7).column("v").to_pylist() == sorted(new_values)
+
+
+def test_a_change_that_retracts_a_missing_row_is_an_error():
+    schema = pa.schema([pa.field("v", pa.int64())])
+    old = pa.table({"v": [1]}, schema=schema)
+    retract_two = pa.table({"v": [2], DIFF: pa.array([-1], pa.int64())})
+    with pytest.raises(NegativeCount, match=r"dataflow test at 7: row \{'v': 2\} has net count -1"):
+        _apply(old, retract_two, "test", 7)

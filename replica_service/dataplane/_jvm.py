@@ -1,0 +1,92 @@
+"""Small py4j helpers for building and reading Catalyst trees from Python.
+
+Catalyst's case classes are built through their JVM constructors (Scala companions'
+`apply` methods are not visible to py4j), Scala collections are converted in one call,
+and new expressions are parsed from SQL text by the session's own parser, so the
+analyzer resolves them by name like any query's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from pyspark import SparkContext
+from pyspark.sql import DataFrame, SparkSession
+
+
+class Jvm:
+    """The Catalyst constructors and conversions one JVM session needs."""
+
+    def __init__(self, jsession: Any) -> None:
+        self.jsession = jsession
+        self.jvm = jvm = SparkContext._jvm  # one per process, set once a context started
+        self.expressions = jvm.org.apache.spark.sql.catalyst.expressions
+        self.logical = jvm.org.apache.spark.sql.catalyst.plans.logical
+        self.analysis = jvm.org.apache.spark.sql.catalyst.analysis
+        self._converters = jvm.scala.jdk.javaapi.CollectionConverters
+        self._parser = jsession.sessionState().sqlParser()
+
+    def seq(self, items: Iterable[Any]) -> Any:
+        """A Scala immutable Seq of `items`."""
+        array = self.jvm.java.util.ArrayList()
+        for item in items:
+            array.add(item)
+        return self._converters.asScala(array).toList()
+
+    def alias(self, child: Any, name: str, expr_id: Any | None = None) -> Any:
+        """`child AS name`, with the given ExprId (so that references to it resolve), or
+        a fresh one."""
+        expressions = self.expressions
+        expr_id = expr_id if expr_id is not None else expressions.NamedExpression.newExprId()
+        return expressions.Alias(child, name, expr_id, self.seq(()), self.jvm.scala.Option.empty(), self.seq(()))
+
+    def column(self, name: str) -> Any:
+        """An unresolved reference to the column `name` (resolved by the analyzer)."""
+        return self.analysis.UnresolvedAttribute(self.seq([name]))
+
+    def expression(self, sql: str) -> Any:
+        """A new (unresolved) expression from SQL text."""
+        return self._parser.parseExpression(sql)
+
+    def relation(self, view: str) -> Any:
+        """An unresolved reference to the temp view `view`."""
+        options = self.jvm.org.apache.spark.sql.util.CaseInsensitiveStringMap.empty()
+        return self.analysis.UnresolvedRelation(self.seq([view]), options, False)
+
+    def project(self, items: Iterable[Any], child: Any) -> Any:
+        return self.logical.Project(self.seq(items), child)
+
+    def filter(self, condition: Any, child: Any) -> Any:
+        return self.logical.Filter(condition, child)
+
+    def dataframe_jdf(self, plan: Any) -> Any:
+        """The Dataset of `plan`, analyzed now (errors surface here, before any job)."""
+        return self.jvm.org.apache.spark.sql.classic.Dataset.ofRows(self.jsession, plan)
+
+
+def in_session(frame: DataFrame, session: SparkSession) -> DataFrame:
+    """`frame`'s plan as a DataFrame of `session`, so that temp views registered from it
+    land in that session. Persisted data is shared by the whole context: the plan finds
+    its cached data in any session."""
+    if frame.sparkSession is session:
+        return frame
+    logical = frame._jdf.queryExecution().logical()
+    return DataFrame(SparkContext._jvm.org.apache.spark.sql.classic.Dataset.ofRows(session._jsparkSession, logical), session)
+
+
+def items(scala_seq: Any) -> list[Any]:
+    """The elements of a Scala Seq."""
+    return [scala_seq.apply(i) for i in range(scala_seq.size())]
+
+
+def children(node: Any) -> list[Any]:
+    return items(node.children())
+
+
+def option(scala_option: Any) -> Any | None:
+    return scala_option.get() if scala_option.isDefined() else None
+
+
+def kind(node: Any) -> str:
+    """A tree node's class name, e.g. `Project` or `AggregateExpression`."""
+    return node.getClass().getSimpleName()

@@ -1,0 +1,396 @@
+"""Computing one dataflow's versions on Spark: the two strategies behind one interface.
+
+`maintainer(...)` builds, for a dataflow description, either
+- `Incremental`: the delta plan (`_plan`) and its state (`_incremental`); a step reads
+  the inputs' changes (and, for joins, the other inputs' current updates) and yields the
+  output's changes; or
+- `Recompute`: the dataflow's SQL over whole snapshots of its inputs at every step.
+Both give the same versions (tests compare them).
+
+A step's output is lazy until an export asks for it: an index collects the whole version
+(`StepOutput.version`; bounded by the output), a materialized view has Spark write the
+changes (`StepOutput.write`). A dataflow with only a materialized view never brings a
+row to this process. `StepOutput.finish` then keeps the state the step implies and
+releases what it cached; a step that failed before `finish` leaves the state unchanged.
+
+Inputs are either `StorageReader`s (storage collections, read by executors) or
+`Arrangement`s (indexes of this replica, in this process already: their versions go to
+Spark as small DataFrames).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping, Union
+
+import pyarrow as pa
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from history import DataflowDescription
+from storage import DIFF, snapshot_of
+from storage import consolidate as consolidate_updates
+from replica_service._arrangement import Arrangement, Version
+from replica_service.dataplane._incremental import Binding, IncrementalDataflow
+from replica_service.dataplane._plan import DeltaPlan, NotIncremental, delta_plan
+from replica_service.dataplane._reader import StorageReader
+from replica_service.dataplane._rows import canonical, expand, quote
+from replica_service.dataplane._sink import SinkWriter
+
+Input = Union[StorageReader, Arrangement]
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """What one step computed at `time` (lazy until asked).
+
+    `changes(current)` gives the output's changes at `time` as a sink must write them,
+    given the sink's current upper (a recomputed version is diffed against the sink's
+    contents before it); `version(previous)` the whole version (an index's rows).
+    """
+
+    time: int
+    _version: Callable[[pa.Table | None], tuple[pa.Table, int]]
+    _changes: Callable[[int], DataFrame]
+    _finish: Callable[[], None]
+    rows_changed: int = 0
+
+    def version(self, previous: pa.Table | None) -> pa.Table:
+        """The whole version at `time` (blocking; collects the output to this process)."""
+        table, self.rows_changed = self._version(previous)
+        return table
+
+    def write(self, sink: SinkWriter, upper: int) -> None:
+        """Have Spark write the changes at `time` to `sink` and move its upper to `upper`."""
+        sink.write(self.time, self._changes, upper)
+
+    def finish(self) -> None:
+        self._finish()
+
+
+class Maintainer:
+    """How a dataflow's versions are computed; `step(time)` runs on a step thread."""
+
+    strategy: str
+
+    def step(self, time: int) -> StepOutput:
+        raise NotImplementedError
+
+    def restore(self, time: int) -> None:
+        """Rebuild the state of a dataflow whose versions are computed through `time`
+        (after its Spark state was lost), without output."""
+
+
+def maintainer(
+    desc: DataflowDescription,
+    session: SparkSession,
+    inputs: Mapping[str, Input],
+    sink_readers: Mapping[str, StorageReader],
+    canonical_partitions: int,
+) -> Maintainer:
+    """The maintainer of `desc`'s strategy, in `session` (the dataflow's own).
+
+    A query with a delta plan means what that plan computes, whatever the strategy:
+    recomputing it evaluates the same plan from scratch at every step, so both
+    strategies give the same bits. Only a query without one runs as Spark SQL."""
+    for name, source in inputs.items():
+        _view(session, name, source)  # empty views of the right schema, for analysis
+    analyzed = session.sql(desc.sql)._jdf.queryExecution().analyzed()
+    try:
+        plan = delta_plan(session._jsparkSession, analyzed, {name.lower(): name for name in inputs})
+    except NotIncremental:
+        if desc.strategy == "incremental":
+            raise  # the planner found a delta plan: this replica must too
+        partitions = canonical_partitions if order_sensitive(analyzed) else None
+        return Recompute(desc, session, sink_readers, _native(desc, session, inputs, partitions))
+    # A plan's result does not depend on partitioning (its sums are exact, its other
+    # values computed row by row), so Spark may size partitions to the data: a step's
+    # few changed rows then take one task, not one per shuffle partition.
+    session.conf.set("spark.sql.adaptive.enabled", "true")
+    if desc.strategy == "incremental":
+        return Incremental(desc, plan, session, inputs)
+    return Recompute(desc, session, sink_readers, _from_scratch(desc, plan, session, inputs))
+
+
+# --- Recompute -----------------------------------------------------------------------
+
+
+class Recompute(Maintainer):
+    """The whole output at every step (`evaluate(time)`, lazily), collected for an
+    index, and diffed against a sink's contents for a materialized view."""
+
+    strategy = "recompute"
+
+    def __init__(
+        self,
+        desc: DataflowDescription,
+        session: SparkSession,
+        sink_readers: Mapping[str, StorageReader],
+        evaluate: Callable[[int], DataFrame],
+    ) -> None:
+        self.desc, self.session = desc, session
+        self.sink_readers = sink_readers
+        self.evaluate = evaluate
+
+    def step(self, time: int) -> StepOutput:
+        full = self.evaluate(time)
+        shared = bool(self.desc.index_exports) and bool(self.desc.sink_exports)
+        if shared:  # read twice, by the index and by the sink diff: compute once
+            full = full.persist(StorageLevel.MEMORY_AND_DISK)
+
+        def version(previous: pa.Table | None) -> tuple[pa.Table, int]:
+            table = full.toArrow()
+            return table, _difference_rows(previous, table)
+
+        def changes(current: int) -> DataFrame:
+            reader = self.sink_readers[self.desc.sink_exports[0].id]
+            reader.refresh(self.session)
+            before = reader.snapshot(self.session, current - 1) if current > 0 else None
+            return _difference(before, full)
+
+        return StepOutput(time, version, changes, full.unpersist if shared else _nothing)
+
+
+def _native(desc: DataflowDescription, session: SparkSession, inputs: Mapping[str, Input], partitions: int | None) -> Callable[[int], DataFrame]:
+    """The query as Spark SQL over whole snapshots of its inputs.
+
+    When it aggregates in an order-sensitive way (a floating-point sum, say), the inputs
+    are laid out canonically first (`_rows.canonical`) and broadcast joins are off in
+    the dataflow's session, so the plan and the order of every partial sum are the same
+    on every replica whatever files compaction has merged."""
+    if partitions is not None:
+        session.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
+
+    def evaluate(time: int) -> DataFrame:
+        for name, source in inputs.items():
+            rows = _rows_at(session, source, time)
+            (rows if partitions is None else canonical(rows, partitions)).createOrReplaceTempView(name)
+        return session.sql(desc.sql)
+
+    return evaluate
+
+
+def _from_scratch(desc: DataflowDescription, plan: DeltaPlan, session: SparkSession, inputs: Mapping[str, Input]) -> Callable[[int], DataFrame]:
+    """The delta plan hydrated afresh at every step: its first changes are the output."""
+
+    def evaluate(time: int) -> DataFrame:
+        changes, _ = Incremental(desc, plan, session, inputs).changes(time)
+        return expand(changes, [c for c in changes.columns if c != DIFF])
+
+    return evaluate
+
+
+# --- Incremental ---------------------------------------------------------------------
+
+
+class Incremental(Maintainer):
+    """The delta plan and its state (see `_incremental`)."""
+
+    strategy = "incremental"
+
+    def __init__(self, desc: DataflowDescription, plan: DeltaPlan, session: SparkSession, inputs: Mapping[str, Input]) -> None:
+        self.desc, self.plan, self.session, self.inputs = desc, plan, session, inputs
+        self.state = IncrementalDataflow(plan, session, desc.name)
+        self.last_time: int | None = None
+        # The index version each index leaf was last bound to as "new": the next step's
+        # "old" (the upstream may have compacted it away since).
+        self._bound: dict[int, Version] = {}
+        # Inputs read whole at every step (the other sides of a join) come from a
+        # persisted base; a query of one input never reads it whole after hydrating.
+        self._cache = len(plan.leaves) > 1
+
+    def changes(self, time: int) -> tuple[DataFrame, Callable[[], None]]:
+        """The output's changes at `time` (lazy, consolidated), and the commit that keeps
+        the state they imply."""
+        bindings, bound = self._bindings(time)
+        step = self.state.step(time, bindings)
+
+        def commit() -> None:
+            step.commit()
+            self._bound.update(bound)
+            self.last_time = time
+
+        return _consolidated(step.changes), commit
+
+    def step(self, time: int) -> StepOutput:
+        changes, commit = self.changes(time)
+        shared = bool(self.desc.index_exports) and bool(self.desc.sink_exports)
+        if shared:
+            changes = changes.persist(StorageLevel.MEMORY_AND_DISK)
+
+        def version(previous: pa.Table | None) -> tuple[pa.Table, int]:
+            delta = changes.toArrow()
+            return _apply(previous, delta, self.desc.name, time), delta.num_rows
+
+        def finish() -> None:
+            commit()
+            if shared:
+                changes.unpersist()
+
+        return StepOutput(time, version, lambda current: changes, finish)
+
+    def restore(self, time: int) -> None:
+        self.state = IncrementalDataflow(self.plan, self.session, self.desc.name)
+        self.last_time, self._bound = None, {}
+        self.changes(time)[1]()  # the state is computed eagerly: no output needed
+
+    def _bindings(self, time: int) -> tuple[dict[int, Binding], dict[int, Version]]:
+        """Each leaf's binding for a step at `time`, and the index versions bound as new."""
+        bindings, bound = {}, {}
+        for leaf in self.plan.leaves:
+            source = self.inputs[leaf.name]
+            if isinstance(source, StorageReader):
+                bindings[leaf.position] = self._storage_binding(source, leaf.columns, time)
+            else:
+                bindings[leaf.position], bound[leaf.position] = self._index_binding(leaf.position, source, time)
+        return bindings, bound
+
+    def _storage_binding(self, reader: StorageReader, columns: tuple[str, ...], time: int) -> Binding:
+        def updates(through: int, after: int | None = None) -> DataFrame:
+            frame = reader.updates(self.session, through, after=after, cache=self._cache and after is None)
+            return frame.select(*(F.col(quote(c)) for c in columns), F.col(DIFF))
+
+        last = self.last_time
+        if last is None:
+            return Binding(updates(time), updates(time).limit(0), None)
+        delta = updates(time, last) if reader.has_changes(last, time) else None
+        return Binding(updates(time), updates(last), delta)
+
+    def _index_binding(self, position: int, arrangement: Arrangement, time: int) -> tuple[Binding, Version]:
+        new = _version_at(arrangement, time)
+        old = self._bound.get(position)
+        if old is None:
+            return Binding(_signed_frame(self.session, new.table, 1), _signed_frame(self.session, new.table.slice(0, 0), 1), None), new
+        delta = None
+        if old is not new:
+            changed = _signed_changes(old.table, new.table)
+            delta = _arrow_frame(self.session, changed) if changed.num_rows else None
+        return Binding(_signed_frame(self.session, new.table, 1), _signed_frame(self.session, old.table, 1), delta), new
+
+
+# --- Helpers -------------------------------------------------------------------------
+
+
+def order_sensitive(analyzed) -> bool:
+    """True when the query's result could depend on the order rows reach an aggregate
+    or a window: an aggregate other than the order-insensitive ones below, or a sum or
+    average of floating-point values."""
+    stack = [analyzed]
+    while stack:
+        node = stack.pop()
+        for expression in _items(node.expressions()):
+            inner = [expression]
+            while inner:
+                e = inner.pop()
+                name = e.getClass().getSimpleName()
+                if name == "WindowExpression":
+                    return True
+                if name == "AggregateExpression":
+                    function = e.aggregateFunction()
+                    kind = function.getClass().getSimpleName()
+                    if kind not in _ORDER_INSENSITIVE:
+                        return True
+                    if kind in ("Sum", "Average") and function.child().dataType().sql() in ("FLOAT", "DOUBLE"):
+                        return True
+                inner.extend(_items(e.children()))
+        stack.extend(_items(node.children()))
+        stack.extend(_items(node.subqueries()))
+    return False
+
+
+_ORDER_INSENSITIVE = {
+    "Count", "Min", "Max", "Sum", "Average", "CountIf", "BitAndAgg", "BitOrAgg", "BitXorAgg",
+    "BoolAnd", "BoolOr", "HyperLogLogPlusPlus",
+}
+
+
+def _items(scala_seq) -> list:
+    return [scala_seq.apply(i) for i in range(scala_seq.size())]
+
+
+def _nothing() -> None:
+    pass
+
+
+def _view(session: SparkSession, name: str, source: Input) -> None:
+    if isinstance(source, StorageReader):
+        session.createDataFrame([], source.file_ddl).drop("_time", DIFF).createOrReplaceTempView(name)
+    else:
+        _arrow_frame(session, _version_schema(source).empty_table()).createOrReplaceTempView(name)
+
+
+def _version_schema(arrangement: Arrangement) -> pa.Schema:
+    version = arrangement.versions[-1] if arrangement.versions else None
+    if version is None:
+        raise RuntimeError(f"index {arrangement.id} has no version yet")
+    return version.table.schema
+
+
+def _version_at(arrangement: Arrangement, time: int) -> Version:
+    version = arrangement.version_at(time)
+    if version is None:
+        raise RuntimeError(f"index {arrangement.id} has no version at {time} (since {arrangement.since})")
+    return version
+
+
+def _rows_at(session: SparkSession, source: Input, time: int) -> DataFrame:
+    if isinstance(source, StorageReader):
+        return source.snapshot(session, time)
+    return _arrow_frame(session, _version_at(source, time).table)
+
+
+def _arrow_frame(session: SparkSession, table: pa.Table) -> DataFrame:
+    """A small table (an index version or its changes) as a DataFrame. An explicit
+    schema keeps a zone-less Arrow timestamp a TIMESTAMP_NTZ, as the planner typed it.
+    Versions are canonically sorted, and `createDataFrame` cuts by row count only, so
+    every replica's partitions hold the same rows."""
+    return session.createDataFrame(table, schema=from_arrow_schema(table.schema, prefer_timestamp_ntz=True))
+
+
+def _signed_frame(session: SparkSession, table: pa.Table, sign: int) -> DataFrame:
+    return _arrow_frame(session, table.append_column(DIFF, pa.array([sign] * table.num_rows, pa.int64())))
+
+
+def _signed_changes(old: pa.Table, new: pa.Table) -> pa.Table:
+    """The updates (user columns, `_diff`) that turn `old` into `new`, consolidated."""
+    signed = pa.concat_tables(
+        [
+            old.append_column(DIFF, pa.array([-1] * old.num_rows, pa.int64())),
+            new.append_column(DIFF, pa.array([1] * new.num_rows, pa.int64())),
+        ]
+    )
+    return consolidate_updates(signed, new.schema.names)
+
+
+def _difference_rows(previous: pa.Table | None, table: pa.Table) -> int:
+    if previous is None:
+        return table.num_rows
+    return _signed_changes(previous, table).num_rows
+
+
+def _difference(before: DataFrame | None, after: DataFrame) -> DataFrame:
+    """The changes (user columns, `_diff`) that turn the rows `before` into `after`."""
+    columns = [F.col(quote(c)) for c in after.columns]
+    signed = after.select(*columns, F.lit(1).cast("bigint").alias(DIFF))
+    if before is not None:
+        signed = signed.unionByName(before.select(*columns, F.lit(-1).cast("bigint").alias(DIFF)))
+    return _consolidated(signed)
+
+
+def _consolidated(changes: DataFrame) -> DataFrame:
+    """Changes summed per row, zero sums gone (a row retracted and inserted again)."""
+    columns = [F.col(quote(c)) for c in changes.columns if c != DIFF]
+    return changes.groupBy(*columns).agg(F.sum(DIFF).alias(DIFF)).where(F.col(DIFF) != 0)
+
+
+def _apply(previous: pa.Table | None, changes: pa.Table, name: str, time: int) -> pa.Table:
+    """`previous` (a version's rows) with `changes` applied (Arrow, in this process: both
+    are bounded by the output). A row retracted more often than it exists is an error."""
+    names = [n for n in changes.column_names if n != DIFF]
+    parts = [changes.select([*names, DIFF])]
+    if previous is not None and previous.num_rows:
+        rows = previous.select(names).cast(changes.select(names).schema)
+        parts.insert(0, rows.append_column(DIFF, pa.array([1] * rows.num_rows, pa.int64())))
+    return snapshot_of(pa.concat_tables(parts), names, f"dataflow {name} at {time}")

@@ -1,0 +1,387 @@
+"""Delta plans: how a dataflow's query is maintained incrementally, read off Spark's
+analyzed plan.
+
+A query is incremental when its analyzed plan has one of these shapes (Sorts without a
+limit are ignored: a collection has no order):
+- **linear**: an SPJ tree (projections, filters, inner joins, `UNION ALL`, aliases) over
+  its inputs;
+- **aggregate**: projections and filters (`HAVING`, expressions over aggregates) over one
+  `GROUP BY` (or a global aggregate, or `DISTINCT`) over an SPJ tree, with `COUNT`,
+  `SUM`, `AVG` (of integers, decimals or floats), `MIN`, `MAX` and `COUNT(DISTINCT x)`.
+Anything else (outer joins, subqueries, windows, limits, aggregates below joins, ...)
+raises `NotIncremental` naming the part that cannot be maintained.
+
+How the plan is kept: the SPJ tree is rewritten once, as Catalyst trees built through
+py4j, so that every row carries its multiplicity (`_diff`): each input occurrence (a
+*leaf*) reads a temp view `__leaf<i>` holding the input's updates (user columns plus
+`_diff`), projections and filters pass the diff along, and a join multiplies its sides'
+diffs. The user's own expressions are kept as Spark analyzed them (same exprIds, same
+casts), so the rewritten plan computes exactly what the query computes, row by row.
+
+The derivative rule (DESIGN section 10): with leaves L0..Ln, the change of an SPJ query
+between t' and t is the sum over i of the query with leaves before i at t, leaf i's
+change in (t', t], and leaves after i at t'. `terms[i]` is that query for leaf i (the
+branches of a `UNION ALL` that do not read leaf i are cut off), `full` the query over
+every branch, used to hydrate from whole snapshots.
+
+Rules: this module only reads and builds trees (analysis, never a job). The controller's
+planner calls `delta_plan` to classify a dataflow, the replica to build it; both analyze
+the same SQL over the same schemas, so they agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping
+
+from replica_service.dataplane._jvm import Jvm, children, items, kind, option
+
+DIFF = "_diff"  # the multiplicity column of storage updates and of every delta
+ACC_VIEW = "__acc"  # the accumulators a step evaluates the post-aggregate template over
+
+AggregateFunction = Literal["count_rows", "count", "sum", "avg", "min", "max", "count_distinct"]
+
+
+class NotIncremental(Exception):
+    """The query cannot be maintained incrementally; the message says which part."""
+
+
+@dataclass(frozen=True, slots=True)
+class Leaf:
+    """One occurrence of an input in the query (a self-join has two)."""
+
+    position: int
+    name: str  # the import's name, as the SQL reads it
+    columns: tuple[str, ...]
+
+    @property
+    def view(self) -> str:
+        return f"__leaf{self.position}"
+
+
+@dataclass(frozen=True, slots=True)
+class AggregateCall:
+    """One aggregate of the query, over pre-aggregate argument column `__x<argument>`
+    (None for `COUNT(*)`). Its value is column `__a<position>` of the accumulator view,
+    of Spark type `result_type`."""
+
+    function: AggregateFunction
+    argument: int | None
+    input_type: str | None
+    result_type: str
+
+
+@dataclass(frozen=True, slots=True)
+class AggregateShape:
+    """The aggregate at the top of an aggregate query.
+
+    The SPJ templates output `__k0..` (grouping keys), `__x0..` (aggregate arguments)
+    and `_diff`. `post` reads the view `__acc` (columns `__k*`, `__a*` and `_diff`: one
+    row per group version, +1 new, -1 old) and gives the query's output plus `_diff`.
+    A global aggregate (`grouped` False) has exactly one output row at every time.
+    """
+
+    keys: int
+    arguments: tuple[str, ...]  # Spark type of each __x<i>
+    key_types: tuple[str, ...]
+    calls: tuple[AggregateCall, ...]
+    grouped: bool
+    post: Any
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaPlan:
+    leaves: tuple[Leaf, ...]
+    full: Any
+    terms: tuple[Any, ...]
+    aggregate: AggregateShape | None
+    output_columns: tuple[str, ...]
+
+
+# Plan nodes the SPJ part may contain, and how each carries the diff.
+_SPJ_NODES = {"Project", "Filter", "Join", "SubqueryAlias", "Union", "Sort", "View"}
+_JOIN_TYPES = {"Inner$", "Cross$"}
+_SUBQUERY_EXPRESSIONS = {"ScalarSubquery", "Exists", "ListQuery", "InSubquery", "LateralSubquery"}
+_INTEGRAL = {"TINYINT", "SMALLINT", "INT", "BIGINT"}
+_FLOATING = {"FLOAT", "DOUBLE"}
+MAX_DECIMAL_SUM_PRECISION = 27
+"""Sums of decimals up to this precision are kept exactly: multiplied by a diff, a value
+still fits Spark's 38 digits without a loss of scale."""
+
+
+def delta_plan(jsession: Any, analyzed: Any, imports: Mapping[str, str]) -> DeltaPlan:
+    """The delta plan of `analyzed` (a query's analyzed plan in `jsession`, over temp
+    views named by the keys of `imports`, lower case, mapping to import names), or
+    `NotIncremental`."""
+    return _Builder(Jvm(jsession), imports).build(analyzed)
+
+
+class _Builder:
+    def __init__(self, jvm: Jvm, imports: Mapping[str, str]) -> None:
+        self.jvm = jvm
+        self.imports = imports
+        self.leaves: list[Leaf] = []  # in the order `_rewrite` numbers them (depth first)
+        self._next_leaf = 0
+
+    def build(self, analyzed: Any) -> DeltaPlan:
+        output = [a.name() for a in items(analyzed.output())]
+        chain, top = _strip_chain(analyzed)
+        if kind(top) in ("Aggregate", "Distinct"):
+            spj = top.child()
+            self._check_spj(spj)
+            shape, pre = self._aggregate(top, chain)
+        else:
+            self._check_spj(analyzed)
+            spj, shape, pre = analyzed, None, None
+        leaves = self._collect_leaves(spj)
+        full = self._wrap(spj, None, pre)
+        terms = tuple(self._wrap(spj, leaf.position, pre) for leaf in leaves)
+        return DeltaPlan(tuple(leaves), full, terms, shape, tuple(output))
+
+    # --- Shape checks --------------------------------------------------------------------
+
+    def _check_spj(self, node: Any) -> None:
+        """Raise NotIncremental unless `node` is an SPJ tree over the imports."""
+        name = kind(node)
+        if name not in _SPJ_NODES:
+            raise NotIncremental(_describe_unsupported(node))
+        if name == "View":
+            self._leaf_name(node)
+            return
+        if name == "Join" and kind(node.joinType()) not in _JOIN_TYPES:
+            raise NotIncremental(f"{node.joinType().sql().lower()} join (only inner joins are maintained incrementally)")
+        if name == "Union" and (node.byName() or node.allowMissingCol()):
+            raise NotIncremental("UNION BY NAME")
+        for expression in items(node.expressions()):
+            _check_expression(expression)
+        for child in children(node):
+            self._check_spj(child)
+
+    def _leaf_name(self, view: Any) -> str:
+        table = view.desc().identifier().table()
+        name = self.imports.get(table.lower())
+        if name is None:
+            raise NotIncremental(f"view {table} is not an input of the dataflow")
+        return name
+
+    def _collect_leaves(self, node: Any) -> list[Leaf]:
+        if kind(node) == "View":
+            leaf = Leaf(len(self.leaves), self._leaf_name(node), tuple(a.name() for a in items(node.output())))
+            self.leaves.append(leaf)
+            return [leaf]
+        found: list[Leaf] = []
+        for child in children(node):
+            found += self._collect_leaves(child)
+        return found
+
+    # --- The SPJ rewrite ---------------------------------------------------------------
+
+    def _wrap(self, spj: Any, term: int | None, pre: Any | None) -> Any:
+        """The SPJ tree rewritten for `term` (None: every branch), topped by the
+        pre-aggregate projection `pre(child, diff)` or by the output columns and `_diff`."""
+        self._next_leaf = 0
+        node, diff, _ = self._rewrite(spj, term)
+        if pre is not None:
+            return pre(node, diff)
+        jvm = self.jvm
+        outputs = [*items(spj.output()), jvm.alias(jvm.column(diff), DIFF)]
+        return jvm.project(outputs, node)
+
+    def _rewrite(self, node: Any, term: int | None) -> tuple[Any, str, frozenset[int]]:
+        """(`node` carrying its rows' diff in a column, that column's name, the leaf
+        positions below it)."""
+        jvm = self.jvm
+        name = kind(node)
+        if name == "View":
+            position = self._next_leaf
+            self._next_leaf += 1
+            diff_id = jvm.expressions.NamedExpression.newExprId()
+            diff = f"__d{diff_id.id()}"
+            columns = [jvm.alias(jvm.column(a.name()), a.name(), a.exprId()) for a in items(node.output())]
+            leaf = jvm.project([*columns, jvm.alias(jvm.column(DIFF), diff, diff_id)], jvm.relation(f"__leaf{position}"))
+            return leaf, diff, frozenset([position])
+        rewritten = [self._rewrite(child, term) for child in children(node)]
+        leaves = frozenset().union(*(r[2] for r in rewritten))
+        if name == "Sort":
+            return rewritten[0]
+        if name == "Union":
+            branches = [
+                child if term is None or term in below else jvm.filter(jvm.expression("false"), child)
+                for child, _, below in rewritten
+            ]
+            return node.withNewChildren(jvm.seq(branches)), rewritten[0][1], leaves
+        new = node.withNewChildren(jvm.seq(r[0] for r in rewritten))
+        if name == "Project":
+            return jvm.project([*items(node.projectList()), jvm.column(rewritten[0][1])], new.child()), rewritten[0][1], leaves
+        if name == "Join":
+            (_, left, _), (_, right, _) = rewritten
+            diff_id = jvm.expressions.NamedExpression.newExprId()
+            diff = f"__d{diff_id.id()}"
+            product = jvm.alias(jvm.expression(f"`{left}` * `{right}`"), diff, diff_id)
+            return jvm.project([*items(node.output()), product], new), diff, leaves
+        return new, rewritten[0][1], leaves  # Filter, SubqueryAlias: the diff passes through
+
+    # --- Aggregates ----------------------------------------------------------------------
+
+    def _aggregate(self, top: Any, chain: list[Any]) -> tuple[AggregateShape, Any]:
+        jvm = self.jvm
+        if kind(top) == "Distinct":
+            grouping = items(top.child().output())
+            results = grouping
+        else:
+            grouping = items(top.groupingExpressions())
+            results = items(top.aggregateExpressions())
+        for expression in [*grouping, *results]:
+            _check_expression(expression)
+        aggregates: list[Any] = []
+        for result in results:
+            _collect_aggregates(result, aggregates)
+        arguments: list[Any] = []
+        calls = tuple(_call(aggregate, arguments) for aggregate in aggregates)
+
+        def pre(child: Any, diff: str) -> Any:
+            columns = [jvm.alias(g, f"__k{i}") for i, g in enumerate(grouping)]
+            columns += [jvm.alias(a, f"__x{i}") for i, a in enumerate(arguments)]
+            return jvm.project([*columns, jvm.alias(jvm.column(diff), DIFF)], child)
+
+        substituted = [self._substitute(result, grouping, aggregates, top=True) for result in results]
+        node = jvm.project([*substituted, jvm.column(DIFF)], jvm.relation(ACC_VIEW))
+        for above in reversed(chain):  # Projects and Filters over the aggregate, innermost first
+            if kind(above) == "Project":
+                node = jvm.project([*items(above.projectList()), jvm.column(DIFF)], node)
+            else:
+                node = above.withNewChildren(jvm.seq([node]))
+        outputs = [*items((chain[0] if chain else top).output()), jvm.column(DIFF)]
+        shape = AggregateShape(
+            keys=len(grouping),
+            arguments=tuple(a.dataType().sql() for a in arguments),
+            key_types=tuple(g.dataType().sql() for g in grouping),
+            calls=calls,
+            grouped=bool(grouping) or kind(top) == "Distinct",
+            post=jvm.project(outputs, node),
+        )
+        return shape, pre
+
+    def _substitute(self, expression: Any, grouping: list[Any], aggregates: list[Any], *, top: bool = False) -> Any:
+        """`expression` over the accumulator view: grouping expressions become `__k<i>`,
+        aggregates `__a<j>`. A top-level result keeps its name and exprId."""
+        jvm = self.jvm
+        if top and kind(expression) == "Alias":
+            return expression.withNewChildren(jvm.seq([self._substitute(expression.child(), grouping, aggregates)]))
+        for i, key in enumerate(grouping):
+            if expression.semanticEquals(key):
+                replacement = jvm.column(f"__k{i}")
+                return jvm.alias(replacement, expression.name(), expression.exprId()) if top else replacement
+        if kind(expression) == "AggregateExpression":
+            position = next(j for j, a in enumerate(aggregates) if a.semanticEquals(expression))
+            return jvm.column(f"__a{position}")
+        if top:  # an output that is neither a key nor an alias: Spark never produces one
+            raise NotIncremental(f"output {expression.sql()} is not a grouping key or a named expression")
+        parts = children(expression)
+        if not parts:
+            return expression
+        return expression.withNewChildren(jvm.seq(self._substitute(p, grouping, aggregates) for p in parts))
+
+
+def _strip_chain(plan: Any) -> tuple[list[Any], Any]:
+    """The Projects, Filters and aliases above the first other node (Sorts dropped), and
+    that node."""
+    chain = []
+    node = plan
+    while kind(node) in ("Project", "Filter", "SubqueryAlias", "Sort"):
+        if kind(node) != "Sort":
+            chain.append(node)
+        node = node.child()
+    return chain, node
+
+
+def _describe_unsupported(node: Any) -> str:
+    name = kind(node)
+    reasons = {
+        "Aggregate": "an aggregate below a join, a union or another aggregate",
+        "Distinct": "DISTINCT below a join, a union or an aggregate",
+        "GlobalLimit": "LIMIT",
+        "LocalLimit": "LIMIT",
+        "Offset": "OFFSET",
+        "Window": "a window function",
+        "WithCTE": "a WITH clause (common table expression)",
+        "Expand": "GROUPING SETS, ROLLUP or CUBE",
+        "Generate": "a generator (explode, ...)",
+        "Intersect": "INTERSECT",
+        "Except": "EXCEPT",
+        "Deduplicate": "dropDuplicates",
+    }
+    return reasons.get(name, f"the plan node {name}")
+
+
+def _check_expression(expression: Any) -> None:
+    stack = [expression]
+    while stack:
+        node = stack.pop()
+        name = kind(node)
+        if name in _SUBQUERY_EXPRESSIONS:
+            raise NotIncremental(f"a subquery ({node.sql()})")
+        if name == "WindowExpression":
+            raise NotIncremental("a window function")
+        stack.extend(children(node))
+
+
+def _collect_aggregates(expression: Any, found: list[Any]) -> None:
+    if kind(expression) == "AggregateExpression":
+        if not any(expression.semanticEquals(f) for f in found):
+            found.append(expression)
+        return
+    for child in children(expression):
+        _collect_aggregates(child, found)
+
+
+def _argument(expression: Any, arguments: list[Any]) -> int:
+    for i, known in enumerate(arguments):
+        if known.semanticEquals(expression):
+            return i
+    arguments.append(expression)
+    return len(arguments) - 1
+
+
+def _call(aggregate: Any, arguments: list[Any]) -> AggregateCall:
+    """The accumulator form of one aggregate, or NotIncremental."""
+    function = aggregate.aggregateFunction()
+    name = kind(function)
+    text = aggregate.sql()
+    if option(aggregate.filter()) is not None:
+        raise NotIncremental(f"an aggregate with a FILTER clause ({text})")
+    result_type = aggregate.dataType().sql()
+    parts = children(function)
+    if name == "Count":
+        if aggregate.isDistinct():
+            if len(parts) != 1:
+                raise NotIncremental(f"COUNT(DISTINCT ...) of several columns ({text})")
+            return AggregateCall("count_distinct", _argument(parts[0], arguments), parts[0].dataType().sql(), result_type)
+        if all(p.foldable() and p.nullable() is False for p in parts):
+            return AggregateCall("count_rows", None, None, result_type)
+        if len(parts) != 1:
+            raise NotIncremental(f"COUNT of several columns ({text})")
+        return AggregateCall("count", _argument(parts[0], arguments), parts[0].dataType().sql(), result_type)
+    if name in ("Min", "Max"):
+        return AggregateCall(name.lower(), _argument(parts[0], arguments), parts[0].dataType().sql(), result_type)
+    if name in ("Sum", "Average"):
+        if aggregate.isDistinct():
+            raise NotIncremental(f"{name.upper()}(DISTINCT ...) ({text})")
+        argument = function.child()
+        input_type = argument.dataType().sql()
+        if not (input_type in _INTEGRAL or input_type in _FLOATING or _decimal_precision(input_type) is not None):
+            raise NotIncremental(f"{text}: sums of {input_type} are not maintained incrementally")
+        precision = _decimal_precision(input_type)
+        if precision is not None and precision > MAX_DECIMAL_SUM_PRECISION:
+            raise NotIncremental(
+                f"{text}: a sum of {input_type} is kept exactly only up to precision {MAX_DECIMAL_SUM_PRECISION}"
+            )
+        function_name = "sum" if name == "Sum" else "avg"
+        return AggregateCall(function_name, _argument(argument, arguments), input_type, result_type)
+    raise NotIncremental(f"the aggregate {function.prettyName()} ({text})")
+
+
+def _decimal_precision(spark_type: str) -> int | None:
+    if not spark_type.startswith("DECIMAL("):
+        return None
+    return int(spark_type[len("DECIMAL(") :].split(",")[0])

@@ -1,0 +1,220 @@
+"""Storage collections as this replica's Spark reads them.
+
+One `StorageReader` per storage collection per replica, shared by every dataflow that
+imports it. It knows the collection's batches from the manifest (paths and time ranges,
+plus what the Parquet footers say of `_time` and `_diff`) and hands out DataFrames over
+the batch files: Spark's executors read them; no row passes through this process.
+
+Rules:
+- Updates are read unconsolidated (user columns, `_time`, `_diff`), filtered by time.
+  Consolidation (summing `_diff` per row) happens in Spark where a step needs whole rows
+  (`snapshot`); a negative count fails the Spark job with an error naming the collection,
+  the time and the row.
+- A read at `t` needs `since <= t < upper` (the controller's holds guarantee it); a read
+  of the changes in `(a, b]` needs `since <= a + 1`. Anything else is a `FailedPrecondition`
+  (the caller retries: it is a moment, not the data).
+- A plan is used within seconds of its manifest read; the persisted base, which outlives
+  one step, is rebuilt from a fresh manifest every `BASE_MAX_AGE_S`, well within the
+  storage's garbage-collection grace period, so no file vanishes under it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import pyarrow.parquet as pq
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from catalog import FailedPrecondition, ManifestState
+from history import Frontier
+from storage import DIFF, TIME, Storage
+from replica_service.dataplane._jvm import in_session
+from replica_service.dataplane._rows import consolidate, expand, spark_ddl
+
+BASE_MAX_AGE_S = 60.0
+"""A persisted base older than this is rebuilt from a fresh manifest when next used."""
+
+BASE_MAX_TAIL = 16
+"""A persisted base is rebuilt when this many newer batches are read beside it."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchFile:
+    """A manifest batch as read: where Spark finds it, the distinct times it holds, and
+    whether every `_diff` in it is positive (no retraction, so rows need no
+    consolidation)."""
+
+    lower: int
+    upper: Frontier
+    uri: str
+    times: tuple[int, ...]
+    positive: bool
+
+
+@dataclass(slots=True)
+class _Base:
+    """A persisted DataFrame of every update through `through` (a cache: reads are
+    correct without it)."""
+
+    through: int
+    frame: DataFrame
+    made_at: float
+    batches: tuple[str, ...]  # the uris it covers
+
+
+class StorageReader:
+    """Thread-safe: dataflow steps read it concurrently; `refresh` replaces the batch list
+    atomically."""
+
+    def __init__(self, storage: Storage, id: str) -> None:
+        self.storage = storage
+        self.id = id
+        self.schema = storage.schema(id)
+        self.columns = tuple(self.schema.names)
+        self.file_ddl = f"{spark_ddl(self.schema)}, {TIME} BIGINT, {DIFF} BIGINT"
+        self.since = Frontier.minimum()
+        self.upper = Frontier.minimum()
+        self._batches: tuple[BatchFile, ...] = ()
+        self._known: dict[str, BatchFile] = {}  # by uri: batch files never change
+        self._lock = threading.Lock()
+        self._base: _Base | None = None
+        self.refreshed = False  # the manifest was read at least once
+
+    # --- The manifest --------------------------------------------------------------------
+
+    def refresh(self, session: SparkSession) -> None:
+        """Read the manifest again (blocking): new batches, compactions, the frontiers."""
+        state: ManifestState = self.storage.catalog.manifest(self.id)
+        batches = tuple(self._batch(session, b.lower, b.upper, b.path) for b in state.batches)
+        with self._lock:
+            self._batches = batches
+            self._known = {b.uri: b for b in batches}
+            self.since, self.upper = state.collection.since, state.collection.upper
+            self.refreshed = True
+
+    def _batch(self, session: SparkSession, lower: int, upper: Frontier, path: str) -> BatchFile:
+        uri = self.storage.spark_uri(path)
+        known = self._known.get(uri)
+        if known is not None:
+            return known
+        times, positive = _footer_summary(self.storage, path)
+        if times is None:  # several times in one batch: ask Spark which
+            rows = session.read.schema(self.file_ddl).parquet(uri).select(TIME).distinct().collect()
+            times = tuple(sorted(row[0] for row in rows))
+        return BatchFile(lower, upper, uri, times, positive)
+
+    def change_times(self, after: int, before: Frontier) -> list[int]:
+        """The distinct update times t with `after < t < before`."""
+        limit = float("inf") if before.is_empty else before.time
+        with self._lock:
+            batches = self._batches
+        times = {t for b in batches for t in b.times if after < t < limit}
+        return sorted(times)
+
+    def has_changes(self, after: int, through: int) -> bool:
+        return bool(self.change_times(after, Frontier(through + 1)))
+
+    # --- DataFrames ----------------------------------------------------------------------
+
+    def updates(self, session: SparkSession, through: int, *, after: int | None = None, cache: bool = False) -> DataFrame:
+        """The updates with `after < _time <= through` (user columns, `_time`, `_diff`),
+        unconsolidated. With `cache`, the updates through an earlier time come from a
+        persisted base shared by every step that asks (for inputs read whole at every
+        step: the other sides of a join)."""
+        with self._lock:
+            self._check_readable(after + 1 if after is not None else through, through)
+            batches = [b for b in self._batches if _overlaps(b, after, through)]
+            base = self._base if cache and after is None else None
+            if cache and after is None and (base is None or _stale(base, batches, through)):
+                base = self._base = self._new_base(session, batches, through)
+        if base is not None and base.through <= through:
+            frame = in_session(base.frame, session)
+            newer = self._read(session, [b for b in batches if _overlaps(b, base.through, through)], base.through, through)
+            return frame.unionByName(newer) if newer is not None else frame
+        frame = self._read(session, batches, after, through)
+        return frame if frame is not None else session.createDataFrame([], self.file_ddl)
+
+    def snapshot(self, session: SparkSession, t: int) -> DataFrame:
+        """The collection's rows at `t`: one row per unit of net count (user columns).
+        Without retractions in the files read, no shuffle: the rows are just expanded."""
+        frame = self.updates(session, t)
+        with self._lock:
+            positive = all(b.positive for b in self._batches if _overlaps(b, None, t))
+        if not positive:
+            frame = consolidate(frame, self.columns, f"{self.id} at {t}")
+        return expand(frame, self.columns)
+
+    def _read(self, session: SparkSession, batches: list[BatchFile], after: int | None, through: int) -> DataFrame | None:
+        if not batches:
+            return None
+        frame = session.read.schema(self.file_ddl).parquet(*(b.uri for b in batches))
+        if all(_within(t, after, through) for b in batches for t in b.times):
+            return frame  # no filter for Spark to evaluate on every row
+        keep = F.col(TIME) <= through
+        return frame.where(keep if after is None else keep & (F.col(TIME) > after))
+
+    def _new_base(self, session: SparkSession, batches: list[BatchFile], through: int) -> _Base:
+        if self._base is not None:
+            self._base.frame.unpersist()
+        frame = self._read(session, batches, None, through)
+        if frame is None:
+            frame = session.createDataFrame([], self.file_ddl)
+        frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
+        return _Base(through, frame, time.monotonic(), tuple(b.uri for b in batches))
+
+    def _check_readable(self, first: int, last: int) -> None:
+        if self.since.is_empty or first < self.since.time:
+            raise FailedPrecondition(
+                f"cannot read {self.id} from time {first}: its since is {self.since} (compacted away)"
+            )
+        if not self.upper.is_complete(last):
+            raise FailedPrecondition(f"cannot read {self.id} at {last} yet: its upper is {self.upper}")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._base is not None:
+                self._base.frame.unpersist()
+                self._base = None
+
+
+def _within(t: int, after: int | None, through: int) -> bool:
+    return (after is None or t > after) and t <= through
+
+
+def _overlaps(batch: BatchFile, after: int | None, through: int) -> bool:
+    return any(_within(t, after, through) for t in batch.times)
+
+
+def _stale(base: _Base, batches: list[BatchFile], through: int) -> bool:
+    if base.through > through or time.monotonic() - base.made_at > BASE_MAX_AGE_S:
+        return True
+    return sum(1 for b in batches if b.uri not in base.batches) > BASE_MAX_TAIL
+
+
+def _footer_summary(storage: Storage, path: str) -> tuple[tuple[int, ...] | None, bool]:
+    """From the Parquet footers of a batch (a file, or a directory of part files) alone:
+    its one time (None when it holds several) and whether every `_diff` is positive."""
+    low = high = None
+    positive = True
+    for file in storage.batch_files(path):
+        metadata = pq.read_metadata(file, filesystem=storage.filesystem)
+        names = metadata.schema.names
+        time_column, diff_column = names.index(TIME), names.index(DIFF)
+        for group in range(metadata.num_row_groups):
+            row_group = metadata.row_group(group)
+            if row_group.num_rows == 0:
+                continue
+            times = row_group.column(time_column).statistics
+            diffs = row_group.column(diff_column).statistics
+            if times is None or not times.has_min_max or diffs is None or not diffs.has_min_max:
+                return None, False
+            low = times.min if low is None else min(low, times.min)
+            high = times.max if high is None else max(high, times.max)
+            positive = positive and diffs.min >= 1
+    if low is None:
+        return (), True
+    return ((low,) if low == high else None), positive

@@ -1,0 +1,69 @@
+"""Rows in Spark: the Spark schema of a storage collection, consolidation of updates,
+and the canonical layout that makes order-sensitive aggregates agree across replicas.
+
+Pure DataFrame transformations: nothing here runs a job.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from storage import DIFF, schema_to_ddl
+
+
+def quote(name: str) -> str:
+    """`name` as a Spark identifier."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def spark_type(field: pa.Field) -> str:
+    """The Spark type a storage column is read as. CHAR(n) and VARCHAR(n) are STRING (Spark
+    refuses them in a DataFrame, and Arrow has only strings); a zoned timestamp is
+    TIMESTAMP_LTZ whatever `spark.sql.timestampType` says."""
+    if pa.types.is_string(field.type) or pa.types.is_large_string(field.type):
+        return "STRING"
+    if pa.types.is_timestamp(field.type) and field.type.tz is not None:
+        return "TIMESTAMP_LTZ"
+    return schema_to_ddl(pa.schema([pa.field("x", field.type)]))[2:]  # storage's spelling
+
+
+def spark_ddl(schema: pa.Schema) -> str:
+    """The Spark DDL of a storage schema's user columns."""
+    return ", ".join(
+        f"{quote(field.name)} {spark_type(field)}{'' if field.nullable else ' NOT NULL'}" for field in schema
+    )
+
+
+def consolidate(updates: DataFrame, columns: Sequence[str], what: str) -> DataFrame:
+    """The user columns and `_diff`, one row per distinct row with the sum of its diffs;
+    rows that sum to zero are gone. A negative sum fails the job (in the executor that
+    finds it) with an error naming `what` (the collection and time) and the row."""
+    keys = [F.col(quote(c)) for c in columns]
+    summed = updates.groupBy(*keys).agg(F.sum(DIFF).alias(DIFF)).where(F.col(DIFF) != 0)
+    message = F.concat(
+        F.lit(f"negative count in {what}: row "),
+        F.to_json(F.struct(*keys)),
+        F.lit(" has net count "),
+        F.col(DIFF).cast("string"),
+    )
+    checked = F.when(F.col(DIFF) < 0, F.raise_error(message)).otherwise(F.col(DIFF))
+    return summed.select(*keys, checked.alias(DIFF))
+
+
+def expand(updates: DataFrame, columns: Sequence[str]) -> DataFrame:
+    """The rows of consolidated updates with positive diffs: each repeated `_diff` times."""
+    repeats = F.explode(F.array_repeat(F.lit(0), F.col(DIFF).cast("int")))
+    return updates.select(*(F.col(quote(c)) for c in columns), repeats.alias("__repeat")).drop("__repeat")
+
+
+def canonical(rows: DataFrame, partitions: int) -> DataFrame:
+    """`rows` laid out by their contents alone: hash-partitioned on every column into
+    `partitions`, sorted within each. Whatever files and splits the rows came from, each
+    partition then holds the same rows in the same order, so an order-sensitive
+    aggregate (a floating-point sum) gives the same bits on every replica."""
+    keys = [F.col(quote(c)) for c in rows.columns]
+    return rows.repartition(partitions, *keys).sortWithinPartitions(*keys)

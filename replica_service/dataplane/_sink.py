@@ -1,0 +1,66 @@
+"""Materialized views: a dataflow's changes written to a storage collection by Spark.
+
+Every replica of an instance computes the same versions and races to write them. A
+writer has Spark's executors write the changes at time t as a new batch directory, then
+commits it with compare-and-append over `[current upper, upper)`; the first writer of a
+range wins, and a loser removes only its own directory (`Storage.commit_batch`) and
+moves on. A range whose upper already passed t was written by another replica: nothing
+is written for it.
+
+Invariant: after `write(time, changes, upper)` returns, the collection's upper is at
+least `upper` and its contents at every time in [time, upper) are the dataflow's
+version at `time`, provided its contents at `time - 1` were the version before (every
+replica writes every version, so they are).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from catalog import UpperMismatch
+from history import Frontier
+from storage import DIFF, TIME, Storage
+from replica_service.dataplane._rows import quote, spark_type
+
+
+@dataclass(slots=True)
+class SinkWriter:
+    id: str
+    storage: Storage
+    batches_written: int = 0
+
+    def upper(self) -> Frontier:
+        return self.storage.upper(self.id)
+
+    def write(self, time: int, changes: DataFrame | None, upper: int) -> Frontier:
+        """Write `changes` (user columns and `_diff`, consolidated; None: no change at
+        `time`) as the updates at `time`, and move the upper to `upper`; return the
+        collection's upper (blocking: a Spark job and a catalog transaction)."""
+        current = self.storage.upper(self.id)
+        while not current.is_empty and current.time < upper:
+            if current.time > time or changes is None:
+                # Written already by another replica (or nothing changed): only the upper moves.
+                commit = lambda: self.storage.compare_and_append(self.id, current, Frontier(upper))  # noqa: E731
+            else:
+                relative, uri = self.storage.reserve_batch(self.id)
+                self._frame(changes, time).write.parquet(uri)
+                commit = lambda: self.storage.commit_batch(self.id, current, Frontier(upper), relative)  # noqa: E731
+            try:
+                info = commit()
+            except UpperMismatch as lost:
+                current = lost.current
+                continue
+            if changes is not None and current.time <= time:
+                self.batches_written += 1
+            current = info.upper
+        return current
+
+    def _frame(self, changes: DataFrame, time: int) -> DataFrame:
+        """The changes as batch rows: the collection's columns in its order and types,
+        then `_time` and `_diff`."""
+        schema = self.storage.schema(self.id)
+        columns = [F.col(quote(f.name)).cast(spark_type(f)).alias(f.name) for f in schema]
+        return changes.select(*columns, F.lit(time).cast("bigint").alias(TIME), F.col(DIFF).cast("bigint").alias(DIFF))
