@@ -1012,7 +1012,8 @@ class _Draws:
 
 
 def _arange(n: int, start: int = 0) -> pa.Array:
-    return pa.array(range(start, start + n), pa.int64())
+    """start, start + 1, ..., as int64: a running count, faster than a Python range."""
+    return pc.cumulative_sum(pa.repeat(pa.scalar(1, pa.int64()), n), start=start - 1)
 
 
 def _money(cents: pa.Array) -> pa.Array:
