@@ -26,7 +26,8 @@ Rules:
   value (nation and region names, segments, priorities, ship modes and instructions,
   types, containers, brands, sizes, the 92 p_name colours), phone country codes
   (nationkey + 10), the retail price formula, and comments cut from a pool built with
-  dbgen's grammar and word weights, so LIKE '%special%requests%' matches about as often.
+  dbgen's grammar and word weights (LIKE '%special%requests%' matches about 1% of the
+  order comments).
 - Simplified: the text pool is 1 MiB, not 300 MB; v-strings (addresses) are cut from a
   pool of random characters, not drawn character by character; 'Customer ...
   Complaints' and '... Recommends' go into SF * 5 supplier comments each (the spec's
