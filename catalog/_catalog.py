@@ -454,6 +454,11 @@ class Catalog:
         with self._read() as session:
             return _manifest.referenced_paths(session)
 
+    def is_referenced(self, path: str) -> bool:
+        """True iff a batch or a retired-file row names blob path `path`."""
+        with self._read() as session:
+            return _manifest.is_referenced(session, path)
+
     def retired_paths(self, retired_before_ms: int) -> list[str]:
         with self._read() as session:
             return _manifest.retired_paths(session, retired_before_ms)

@@ -212,6 +212,12 @@ def referenced_paths(session: Session) -> set[str]:
     return set(live) | set(retired)
 
 
+def is_referenced(session: Session, path: str) -> bool:
+    """True iff a manifest row or a retired-file row names `path`."""
+    live = session.scalars(select(Batch.id).where(Batch.path == path).limit(1)).first()
+    return live is not None or session.get(RetiredBlob, path) is not None
+
+
 def retired_paths(session: Session, retired_before_ms: int) -> list[str]:
     return list(
         session.scalars(

@@ -1,10 +1,11 @@
 """Tandem storage: durable timestamped collections (DESIGN section 3).
 
 A storage collection (a source, or the output of a materialized view) is a set of
-updates `(row, _time, _diff)` kept as Parquet batch files under a blob directory, with
-the manifest (batches, upper, since, read holds) in the catalog. Writers race with
-`compare_and_append`; readers get a `ReadPlan` (files plus `_time` bounds) or, through
-pyarrow, consolidated snapshots and changes.
+updates `(row, _time, _diff)` kept as Parquet batches (files, or directories of part files
+written by Spark) under a blob location (a local directory or an S3 prefix), with the
+manifest (batches, upper, since, read holds) in the catalog. Writers race with
+`compare_and_append` (or `commit_batch`); readers get a `ReadPlan` (batches plus `_time`
+bounds) or, through pyarrow, consolidated snapshots and changes.
 
 Dependency rule: this package imports `catalog` and `history` only (of ours); no
 pyspark, grpc or asyncio. Private modules are re-exported here.

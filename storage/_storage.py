@@ -1,35 +1,42 @@
 """`Storage`: durable timestamped collections (DESIGN section 3).
 
 Rules of this module:
-- A batch is a Parquet file under the blob directory, named `<collection id>/<uuid>.parquet`
-  and holding the user columns plus `_time` and `_diff`; its manifest row lives in the
-  catalog, with the path relative to the blob directory.
+- A batch holds the user columns plus `_time` and `_diff`, under the blob location
+  (`_location.py`): a Parquet file `<collection id>/<uuid>.parquet` that storage writes,
+  or a directory `<collection id>/<uuid>/` of part files that Spark writes
+  (`reserve_batch`, then `commit_batch`). Its manifest row lives in the catalog, with the
+  path relative to the blob location. Every reader (the pyarrow helpers here, compaction,
+  Spark) reads a directory batch's data files and skips its hidden ones.
 - compare_and_append writes (and fsyncs) its file first, then commits the manifest row
   and the new upper in one transaction, only if the upper still equals the expected one.
-  A definite refusal (a catalog error raised before commit) removes the file; any other
+  `commit_batch` does the same for a directory already written, after checking its
+  Parquet footers against the collection's file schema. A definite refusal (a catalog
+  error raised before commit) removes the writer's own file or directory; any other
   failure leaves it for `collect_garbage`, because the commit may have happened. So no
   batch is ever lost or recorded twice.
 - Data is checked against the schema before anything is written (`_rows.py`).
 - Reads are planned from one consistent snapshot of the manifest: a `ReadPlan` lists the
-  files and the `_time` bounds a reader (Spark, or the pyarrow helpers here) needs.
-- Files are only ever deleted by the loser of an append (its own file) and by
-  `collect_garbage`: retired files (compacted or dropped) and orphans (written, never
-  committed), each only once older than a grace period, so in-flight appends and readers
-  holding an older plan are safe.
+  batches and the `_time` bounds a reader (Spark, or the pyarrow helpers here) needs.
+- Files are only ever deleted by the loser of an append (its own batch), by
+  `discard_batch` (a directory never committed) and by `collect_garbage`: retired batches
+  (compacted or dropped) and orphans (written, never committed), each only once older
+  than a grace period, so in-flight appends and readers holding an older plan are safe.
+  Hence the invariant readers keep: **a reader must finish with a plan within the grace
+  period** (replicas refresh their plans well within it); a plan older than that may
+  name files that are gone.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import threading
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from catalog import (
@@ -46,29 +53,36 @@ from catalog import (
 )
 from history import Frontier
 from storage._consolidate import changes_of, consolidate, snapshot_of
+from storage._footers import describe_directory_batch
+from storage._location import DIRECTORY_BATCH_PATH, BlobLocation
 from storage._rows import DIFF, TIME, Rows, file_schema, to_batch
 from storage._schema import normalize_ddl, parse_schema
 
 DEFAULT_GRACE_MS = 15 * 60 * 1000
-"""How old an unreferenced file must be before `collect_garbage` deletes it. An append
-must commit within this time of writing its file."""
-
-_BLOB = re.compile(r"u\d+/[0-9a-f]{32}\.parquet\Z")
+"""How old an unreferenced batch must be before `collect_garbage` deletes it, and how
+long a retired one stays. An append must commit within this time of writing its file
+(a directory batch, of its last write), and a reader must be done with a plan within it."""
 
 
 @dataclass(frozen=True, slots=True)
 class ReadPlan:
-    """What a reader needs to read one collection: the Parquet files (absolute paths)
-    and the updates to keep from them, `time_after < _time <= time_through`
-    (`time_after` None: no lower bound). Reading the files, filtering on `_time` and
-    summing `_diff` per row gives the snapshot or the changes.
+    """What a reader needs to read one collection: its batches and the updates to keep
+    from them, `time_after < _time <= time_through` (`time_after` None: no lower bound).
+    Reading the batches, filtering on `_time` and summing `_diff` per row gives the
+    snapshot or the changes.
 
-    `since` and `upper` are the collection's frontiers when the plan was made.
+    `paths` are the batches as paths on `Storage.filesystem` (absolute paths for a local
+    location) and `uris` the same batches as URIs for Spark (`spark.read.parquet(*uris)`).
+    A batch ending in `/` is a directory of part files (see `Storage.batch_files`).
+    `since` and `upper` are the collection's frontiers when the plan was made. A plan is
+    good for the grace period of garbage collection (`DEFAULT_GRACE_MS`): later, files it
+    names may be gone.
     """
 
     collection_id: str
     schema: str
     paths: tuple[str, ...]
+    uris: tuple[str, ...]
     time_after: int | None
     time_through: int
     since: Frontier
@@ -88,28 +102,30 @@ class ReadPlan:
 
 @dataclass(frozen=True, slots=True)
 class GarbageReport:
-    """What `collect_garbage` deleted: retired files and orphans (relative paths)."""
+    """What `collect_garbage` deleted: retired batches and orphans (relative paths; a
+    directory batch ends in `/`)."""
 
     retired: tuple[str, ...]
     orphans: tuple[str, ...]
 
 
 class Storage:
-    """Storage collections over a catalog and a blob directory. Thread-safe.
+    """Storage collections over a catalog and a blob location. Thread-safe.
 
-    Through a controller's catalog every write is fenced by its epoch. Through a
-    catalog that never became controller (a replica's), only compare_and_append and
-    reads are possible, guarded by the upper check alone. `fsync=False` skips the
-    fsyncs of batch files (for throwaway data only: a crash may then lose a committed
-    batch's file).
+    `blob_location` is a local directory (a path, or `file:///abs/dir`), created if
+    missing, or `s3://bucket/prefix` (see `_location.py`); an unusable one raises
+    `InvalidArgument` naming it. Through a controller's catalog every write is fenced by
+    its epoch. Through a catalog that never became controller (a replica's), only
+    compare_and_append, the directory batches' calls and reads are possible, guarded by
+    the upper check alone. `fsync=False` skips the fsyncs of local batch files (for
+    throwaway data only: a crash may then lose a committed batch's file).
     """
 
     def __init__(
-        self, catalog: Catalog, blob_dir: str | os.PathLike[str], *, fsync: bool = True
+        self, catalog: Catalog, blob_location: str | os.PathLike[str], *, fsync: bool = True
     ) -> None:
         self._catalog = catalog
-        self._blob_dir = Path(blob_dir).resolve()
-        self._blob_dir.mkdir(parents=True, exist_ok=True)
+        self._location = BlobLocation.open(blob_location)
         self._fsync = fsync
         self._schemas: dict[str, pa.Schema] = {}
         self._lock = threading.Lock()
@@ -119,8 +135,29 @@ class Storage:
         return self._catalog
 
     @property
-    def blob_dir(self) -> Path:
-        return self._blob_dir
+    def blob_uri(self) -> str:
+        """The blob location, normalized: `file:///abs/dir` or `s3://bucket/prefix`."""
+        return self._location.uri
+
+    @property
+    def filesystem(self) -> pafs.FileSystem:
+        """The pyarrow filesystem of the blob location (for Parquet footers, say)."""
+        return self._location.filesystem
+
+    def fs_path(self, relative_path: str) -> str:
+        """A path relative to the blob location, as a path on `filesystem`."""
+        return self._location.fs_path(relative_path)
+
+    def spark_uri(self, relative_path: str) -> str:
+        """A path relative to the blob location, as the URI Spark's Hadoop filesystem
+        reads: `file:/abs/dir/u5/....parquet` locally, `s3a://bucket/prefix/...` for S3."""
+        return self._location.spark_uri(relative_path)
+
+    def batch_files(self, path: str) -> list[str]:
+        """The Parquet files holding the batch at `path` (as in `ReadPlan.paths`): the
+        file itself, or a directory batch's `*.parquet` files whose names start with
+        neither `_` nor `.`."""
+        return self._location.batch_files(path)
 
     # --- Collections ------------------------------------------------------------------
 
@@ -230,28 +267,10 @@ class Storage:
             )
 
     def _write(self, id: str, batch: pa.Table) -> NewBatch:
-        """Write `batch` to a new file (durably, with fsync) and describe it."""
+        """Write `batch` to a new file (durably) and describe it."""
         relative = f"{id}/{uuid.uuid4().hex}.parquet"
-        path = self._blob_dir / relative
-        if not path.parent.is_dir():
-            path.parent.mkdir(exist_ok=True)
-            self._sync_directory(self._blob_dir)
-        with open(path, "xb") as file:
-            pq.write_table(batch, file)
-            if self._fsync:
-                file.flush()
-                os.fsync(file.fileno())
-        self._sync_directory(path.parent)
-        return NewBatch(relative, batch.num_rows, path.stat().st_size)
-
-    def _sync_directory(self, directory: Path) -> None:
-        """Make the entries of `directory` durable (a new file's name, not only its data)."""
-        if self._fsync:
-            descriptor = os.open(directory, os.O_RDONLY)
-            try:
-                os.fsync(descriptor)
-            finally:
-                os.close(descriptor)
+        size = self._location.write_file(relative, batch, fsync=self._fsync)
+        return NewBatch(relative, batch.num_rows, size)
 
     def _commit(
         self, id: str, expected_upper: Frontier, new_upper: Frontier, written: NewBatch | None
@@ -264,7 +283,87 @@ class Storage:
 
     def _remove(self, written: NewBatch | None) -> None:
         if written is not None:
-            (self._blob_dir / written.path).unlink(missing_ok=True)
+            self._location.remove(written.path)
+
+    # --- Directory batches, written by Spark ---------------------------------------------
+
+    def reserve_batch(self, id: str) -> tuple[str, str]:
+        """A fresh location for a directory batch of storage collection `id`:
+        `(relative path, Spark URI)`, e.g. `("u5/<uuid>/", "file:/blobs/u5/<uuid>/")`.
+        Nothing is created: the writer (Spark) creates the directory, then calls
+        `commit_batch`, or `discard_batch` if it gives up. It must commit within the
+        grace period of its last write, or `collect_garbage` takes it for an orphan."""
+        self._live(id)
+        relative = f"{id}/{uuid.uuid4().hex}/"
+        return relative, self._location.spark_uri(relative)
+
+    def commit_batch(
+        self, id: str, expected_upper: Frontier, new_upper: Frontier, relative_path: str
+    ) -> CollectionInfo:
+        """Compare-and-append of the directory batch `relative_path` (from
+        `reserve_batch(id)`), already written: if the upper of `id` is still
+        `expected_upper`, record the batch (covering `[expected_upper, new_upper)`) and
+        move the upper to `new_upper`; else `UpperMismatch` with the current upper.
+
+        Only the Parquet footers are read: they give the rows and bytes, and must show
+        the collection's file schema (user columns, `_time`, `_diff`, nullability
+        aside), `_time` within the range, no nulls in a NOT NULL column, and nothing but
+        data files besides hidden ones; otherwise InvalidArgument. (Spark must write
+        timestamps as TIMESTAMP_MICROS: `spark.sql.parquet.outputTimestampType`.) A
+        directory without rows only moves the upper.
+
+        Whenever the directory does not end up in the manifest (no rows, a bad batch, a
+        definite refusal) it is removed before this returns or raises, so the loser of a
+        race deletes only its own files; a directory some manifest row names (a retried
+        commit that had gone through) is never removed. After any other failure the
+        commit may have happened: the directory stays, for `collect_garbage` if not.
+        """
+        if not (
+            isinstance(relative_path, str)
+            and DIRECTORY_BATCH_PATH.match(relative_path)
+            and relative_path.startswith(f"{id}/")
+        ):
+            raise InvalidArgument(
+                f"{relative_path!r} is not a directory batch of {id}: commit a path from "
+                f"reserve_batch({id!r})"
+            )
+        try:
+            check_append_frontiers(id, expected_upper, new_upper)
+            current = self.upper(id)
+            if current != expected_upper:  # lost already: do not read the footers
+                raise UpperMismatch(id, expected_upper, current)
+            schema = file_schema(self.schema(id))
+            batch = describe_directory_batch(
+                self._location, relative_path, schema, expected_upper, new_upper
+            )
+            if batch is not None and self._fsync:
+                self._location.sync_batch_directory(relative_path, batch.files)
+            committed = self._catalog.append_batch(
+                id, expected_upper, new_upper, None if batch is None else batch.new_batch
+            )
+        except CatalogError:  # refused before commit: the directory is the writer's alone
+            self._discard_unless_referenced(relative_path)
+            raise
+        if batch is None:
+            self._location.remove(relative_path)  # no rows: no manifest row names it
+        return committed
+
+    def discard_batch(self, relative_path: str) -> None:
+        """Remove a directory batch that was reserved (and maybe written) but will not be
+        committed. Idempotent. FailedPrecondition if a manifest row names it: a
+        committed batch goes only through compaction or a drop, then garbage
+        collection."""
+        if not isinstance(relative_path, str) or not DIRECTORY_BATCH_PATH.match(relative_path):
+            raise InvalidArgument(
+                f"{relative_path!r} is not a directory batch path (u<n>/<uuid>/)"
+            )
+        if self._catalog.is_referenced(relative_path):
+            raise FailedPrecondition(f"{relative_path} is a committed batch; it is not discarded")
+        self._location.remove(relative_path)
+
+    def _discard_unless_referenced(self, relative_path: str) -> None:
+        if not self._catalog.is_referenced(relative_path):
+            self._location.remove(relative_path)
 
     # --- Reads ------------------------------------------------------------------------
 
@@ -304,12 +403,12 @@ class Storage:
 
     def _plan(self, state: ManifestState, after: int | None, through: int) -> ReadPlan:
         info = state.collection
+        batches = [b.path for b in state.batches if b.overlaps(after, through)]
         return ReadPlan(
             collection_id=info.id,
             schema=info.schema,
-            paths=tuple(
-                str(self._blob_dir / b.path) for b in state.batches if b.overlaps(after, through)
-            ),
+            paths=tuple(self._location.fs_path(path) for path in batches),
+            uris=tuple(self._location.spark_uri(path) for path in batches),
             time_after=after,
             time_through=through,
             since=info.since,
@@ -319,7 +418,7 @@ class Storage:
     def read_updates(self, plan: ReadPlan) -> pa.Table:
         """The raw updates a plan selects (user columns, `_time`, `_diff`)."""
         schema = file_schema(self.schema(plan.collection_id))
-        tables = [pq.read_table(path, schema=schema) for path in plan.paths]
+        tables = [self._location.read_batch(path, schema) for path in plan.paths]
         table = pa.concat_tables(tables) if tables else schema.empty_table()
         keep = pc.less_equal(table[TIME], plan.time_through)
         if plan.time_after is not None:
@@ -352,21 +451,26 @@ class Storage:
     def release_read_hold(self, id: str, holder: str) -> Frontier:
         return self._catalog.release_read_hold(id, holder).since
 
-    def compact(self, id: str) -> int:
-        """Rewrite the batches wholly below since as one consolidated batch, stamped at
-        the last time it covers; returns how many batches it replaced (0: nothing to do
-        or a concurrent compaction won). Reads at or above since see the same data.
-        Needs the controller's catalog (fenced)."""
+    def compact(self, id: str, *, min_batches: int = 2) -> int:
+        """Rewrite the batches wholly below since as one consolidated batch file, stamped
+        at the last time it covers, if there are at least `min_batches` (>= 2) of them;
+        returns how many batches it replaced (0: nothing to do or a concurrent compaction
+        won). Reads at or above since see the same data. The replaced batches are
+        retired, not deleted (see `collect_garbage`). Needs the controller's catalog
+        (fenced)."""
+        if type(min_batches) is not int or min_batches < 2:
+            raise InvalidArgument(f"min_batches must be an int >= 2, not {min_batches!r}")
         self._catalog.check_epoch()
         state = self._catalog.manifest(id)
         since = state.collection.since
         old = [b for b in state.batches if b.upper <= since]
-        if len(old) < 2:
+        if len(old) < min_batches:
             return 0
         schema = self.schema(id)
         last = old[-1].upper.time - 1
         updates = pa.concat_tables(
-            pq.read_table(self._blob_dir / b.path, schema=file_schema(schema)) for b in old
+            self._location.read_batch(self._location.fs_path(b.path), file_schema(schema))
+            for b in old
         )
         merged = consolidate(updates, schema.names)
         merged = merged.append_column(TIME, pa.array([last] * merged.num_rows, pa.int64()))
@@ -383,38 +487,27 @@ class Storage:
         return len(old)
 
     def collect_garbage(self, grace_ms: int = DEFAULT_GRACE_MS) -> GarbageReport:
-        """Delete retired files retired more than `grace_ms` ago, and orphan files (named
-        by no manifest row) last modified more than `grace_ms` ago. Needs the
+        """Delete the batches retired more than `grace_ms` ago, and orphan batches (named
+        by no manifest row; a directory whole) last modified more than `grace_ms` ago.
+        Nothing but batch-shaped paths is ever deleted (`_location.py`). Needs the
         controller's catalog (fenced)."""
         if type(grace_ms) is not int or grace_ms < 0:
             raise InvalidArgument(f"grace_ms must be a non-negative int, not {grace_ms!r}")
         retired = self._catalog.retired_paths(self._catalog.now_ms() - grace_ms)
         self._catalog.forget_retired(retired)  # fenced; a crash after it leaves orphans
         for path in retired:
-            (self._blob_dir / path).unlink(missing_ok=True)
-        cutoff, gone = time.time() - grace_ms / 1000, set(retired)
-        candidates = [
-            relative
-            for relative, mtime in self._blob_files()
-            if mtime < cutoff and relative not in gone
-        ]
+            self._location.remove(path)
+        gone = set(retired)
+        candidates = [path for path in self._location.batch_paths() if path not in gone]
+        # Read after the listing: a batch committed since is named here, so it stays.
         referenced = self._catalog.referenced_paths()
-        orphans = [path for path in candidates if path not in referenced]
-        for path in orphans:
-            (self._blob_dir / path).unlink(missing_ok=True)
-        return GarbageReport(tuple(retired), tuple(orphans))
-
-    def _blob_files(self) -> list[tuple[str, float]]:
-        """(relative path, mtime) of every batch file under the blob directory."""
-        found = []
-        for directory in self._blob_dir.iterdir():
-            if not directory.is_dir():
+        cutoff_ns = time.time_ns() - grace_ms * 1_000_000
+        orphans = []
+        for path in candidates:
+            if path in referenced:
                 continue
-            for entry in os.scandir(directory):
-                relative = f"{directory.name}/{entry.name}"
-                if _BLOB.match(relative):
-                    try:
-                        found.append((relative, entry.stat().st_mtime))
-                    except FileNotFoundError:
-                        continue
-        return found
+            modified = self._location.modified_ns(path)
+            if modified is not None and modified < cutoff_ns:
+                self._location.remove(path)
+                orphans.append(path)
+        return GarbageReport(tuple(retired), tuple(orphans))
