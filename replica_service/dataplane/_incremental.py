@@ -6,16 +6,20 @@ A step at time t, after the previous step at t', binds each leaf of the delta pl
 t' (*old*) and in (t', t] (*delta*), and evaluates one derivative term per leaf whose
 delta is not empty. A linear query's changes are those terms. An aggregate query keeps
 state:
-- **accumulators**, one row per group and piece: the group's multiplicity `__n` and, per
-  aggregate argument, exact sums: integers and decimals as DECIMAL (`__s`), floats as an
-  integer part and a fraction in units of 1e-18 (`__h`, `__l`) with counts of NaNs and
-  infinities, and the non-null count `__c`. Accumulators are additive, so a step appends
-  the change's accumulators as a new piece, and a group's value is the sum over pieces;
+- **accumulators**, one row per group: the group's multiplicity `__n` and, per aggregate
+  argument, exact sums: integers and decimals as DECIMAL (`__s`), floats as an integer
+  part and a fraction in units of 1e-18 (`__h`, `__l`) with counts of NaNs and
+  infinities, and the non-null count `__c`;
 - **value counts** for `MIN`, `MAX` and `COUNT(DISTINCT)`: (group, value, count) rows,
   from which the touched groups' extremes and distinct counts are recomputed.
-Both are DataFrames checkpointed in the executors' block managers (`localCheckpoint`);
-pieces are merged once there are `MAX_PIECES`. A step looks up only the touched groups
-(a semi-join with the change's keys), so it reads the state, never the inputs whole.
+Accumulators are additive, so a step is one Spark query (its SQL generated here over
+temp views): the state's rows and the change's rows summed per group give every group's
+old and new accumulators at once; the touched groups' old and new values are the
+output's changes, and the new sums the next state. The state is checkpointed in the
+executors' block managers as that query computes it (`localCheckpoint`, lineage cut):
+it is never read from storage again, and a step never reads an input whole. A step's
+cost is the change plus one in-memory pass over the state (one row per group), not
+the inputs: for a few thousand groups, that pass is a few milliseconds.
 
 Path independence: every accumulator is an exact sum over the group's rows whatever
 their order, partitioning or the times they arrived at, and the output is a function of
@@ -27,38 +31,51 @@ ANSI cast fails loudly). Spark's own float sum depends on the order of its parti
 this one does not, and may differ from it in the last bits.
 
 Rules: nothing here awaits; every method blocks on Spark (run it on a step thread).
-`step` is lazy; the caller runs the changes, then `commit`s the state it implies, so a
+`step` is lazy; the caller runs the changes, then `commit`s the state they imply, so a
 failed output leaves the state as it was.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import reduce
+from functools import cached_property
 from typing import Callable, Mapping
 
-from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
 
 from replica_service.dataplane._jvm import Jvm
 from replica_service.dataplane._plan import ACC_VIEW, DIFF, AggregateCall, AggregateShape, DeltaPlan
-
-MAX_PIECES = 8
-"""State pieces kept before they are merged into one."""
 
 _FLOAT_UNIT = "1e18"  # a float's fraction is summed in units of 10^-18
 _FLOAT_TYPES = ("FLOAT", "DOUBLE")
 _VALUE_FUNCTIONS = ("min", "max", "count_distinct")
 
 
-@dataclass(frozen=True, slots=True)
 class Binding:
     """What a step binds to one leaf: the input through t, through t', and in (t', t]
-    (None: the input did not change)."""
+    (`delta` None: the input did not change). Each is built only when a term reads it
+    (building a DataFrame over files costs a file listing and an analysis)."""
 
-    new: DataFrame
-    old: DataFrame
-    delta: DataFrame | None
+    def __init__(self, new: Callable[[], DataFrame], old: Callable[[], DataFrame], delta: Callable[[], DataFrame] | None) -> None:
+        self._new, self._old, self._delta = new, old, delta
+
+    @property
+    def changed(self) -> bool:
+        return self._delta is not None
+
+    @cached_property
+    def new(self) -> DataFrame:
+        return self._new()
+
+    @cached_property
+    def old(self) -> DataFrame:
+        return self._old()
+
+    @cached_property
+    def delta(self) -> DataFrame:
+        assert self._delta is not None, "the input did not change"
+        return self._delta()
 
 
 @dataclass(slots=True)
@@ -83,8 +100,10 @@ class IncrementalDataflow:
         self._keys = [f"__k{i}" for i in range(shape.keys)] if shape else []
         self._accumulators = _accumulators(shape) if shape else {}
         self._value_arguments = sorted({c.argument for c in shape.calls if c.function in _VALUE_FUNCTIONS}) if shape else []
-        self._acc: list[DataFrame] = []  # pieces: __k*, __n, accumulators
-        self._values: dict[int, list[DataFrame]] = {a: [] for a in self._value_arguments}  # __k*, __v, __c
+        # The state, once hydrated: accumulators per group (__k*, accumulators) and, per
+        # value argument, counts per group and value (__k*, __v, __c).
+        self._acc: DataFrame | None = None
+        self._values: dict[int, DataFrame | None] = {a: None for a in self._value_arguments}
 
     # --- Steps ---------------------------------------------------------------------------
 
@@ -107,78 +126,123 @@ class IncrementalDataflow:
             return self._frame(plan.full)
         terms = []
         for leaf in plan.leaves:
-            if bindings[leaf.position].delta is None:
+            if not bindings[leaf.position].changed:
                 continue
             for other in plan.leaves:
                 binding = bindings[other.position]
-                chosen = binding.new if other.position < leaf.position else binding.old
-                self._bind(other.view, binding.delta if other is leaf else chosen)
+                if other is leaf:
+                    self._bind(other.view, binding.delta)
+                else:
+                    self._bind(other.view, binding.new if other.position < leaf.position else binding.old)
             terms.append(self._frame(plan.terms[leaf.position]))
         if not terms:
             for leaf in plan.leaves:  # no change: an empty result of the right shape
                 self._bind(leaf.view, bindings[leaf.position].new.limit(0))
             return self._frame(plan.full)
-        return reduce(lambda a, b: a.unionAll(b), terms)
+        changes = terms[0]
+        for term in terms[1:]:
+            changes = changes.unionAll(term)
+        return changes
 
     def _aggregate_step(self, time: int, shape: AggregateShape, pre: DataFrame) -> Step:
-        keys = self._keys
-        if self._value_arguments:
-            pre = pre.localCheckpoint(eager=True)  # read once per value argument and once more
-        delta_acc = pre.groupBy(*keys).agg(*(expression.alias(name) for name, expression in self._accumulators.items()))
-        delta_acc = delta_acc.localCheckpoint(eager=True)
-        delta_values = {
-            a: pre.where(F.col(f"__x{a}").isNotNull())
-            .groupBy(*keys, F.col(f"__x{a}").alias("__v"))
-            .agg(F.sum(DIFF).alias("__c"))
-            .where(F.col("__c") != 0)
-            .localCheckpoint(eager=True)
-            for a in self._value_arguments
-        }
-        touched = delta_acc.select(*keys) if keys else None
-        sums = list(self._accumulators)
-        old_acc = _lookup(self._acc, touched, keys, sums) if self.hydrated else None
-        new_acc = _merge([old_acc, delta_acc], keys, sums)
-        old_values = {a: _lookup(self._values[a], touched, [*keys, "__v"], ["__c"]) for a in self._value_arguments}
-        new_values = {a: _merge([old_values[a], delta_values[a]], [*keys, "__v"], ["__c"]) for a in self._value_arguments}
-        rows = [self._finals(time, shape, new_acc, new_values, sign=1)]
-        if old_acc is not None:
-            rows.append(self._finals(time, shape, old_acc, old_values, sign=-1))
-        self._bind(ACC_VIEW, reduce(lambda a, b: a.unionByName(b), rows))
+        """One query: every group's accumulators before and after the change (the state
+        and the change's rows, summed per group), of which the touched groups' old (-1)
+        and new (+1) values go through the post-aggregate template. The summed table is
+        checkpointed as it is computed, and the next state is its new half."""
+        self._bind("__pre", pre)
+        if self._acc is not None:
+            self._bind("__state", self._acc)
+        summed = self._sql(self._summed_sql()).localCheckpoint(eager=False)
+        self._bind("__summed", summed)
+        summed_values = {}
+        for a in self._value_arguments:
+            if self._values[a] is not None:
+                self._bind(f"__vstate{a}", self._values[a])
+            summed_values[a] = self._sql(self._summed_values_sql(a)).localCheckpoint(eager=False)
+            self._bind(f"__vsummed{a}", summed_values[a])
+        self._bind(ACC_VIEW, self._sql(self._versions_sql(time, shape)))
         changes = self._frame(shape.post)
 
         def commit() -> None:
-            self._acc = _append(self._acc, delta_acc, keys, sums, "__n")
+            keys = _prefix(", ".join(self._keys))
+            new = ", ".join(f"new_{n} AS {n}" for n in self._accumulators)
+            kept = " WHERE new___n != 0" if self._keys else ""
+            self._acc = self._sql(f"SELECT {keys}{new} FROM __summed{kept}")
             for a in self._value_arguments:
-                self._values[a] = _append(self._values[a], delta_values[a], [*keys, "__v"], ["__c"], "__c")
+                self._values[a] = self._sql(f"SELECT {keys}__v, new_c AS __c FROM __vsummed{a} WHERE new_c != 0")
             self.hydrated = True
 
         return Step(changes, commit)
 
-    def _finals(
-        self, time: int, shape: AggregateShape, acc: DataFrame, values: Mapping[int, DataFrame], *, sign: int
-    ) -> DataFrame:
-        """One row per group of `acc` that exists (positive multiplicity; a global
-        aggregate always has its one row): the keys, each aggregate's value as `__a<i>`
-        and `_diff` = `sign`."""
+    def _summed_sql(self) -> str:
+        """Per group: each accumulator summed over state and change (`new_*`), over the
+        state alone (`old_*`, NULL for a group the state lacks), and whether the change
+        touched it."""
         keys = self._keys
-        if not shape.grouped:
-            # The one group exists even without rows: its sums over nothing are zeros.
-            one = self.session.range(1).join(acc, F.lit(True), "left")
-            acc = one.select(*(F.coalesce(F.col(n), F.lit(0)).alias(n) for n in self._accumulators))
+        contributions = ", ".join(f"{expression} AS {name}" for name, expression in self._accumulators.items())
+        stored = ", ".join(self._accumulators)
+        key_list = _prefix(", ".join(keys))
+        both = f"SELECT {key_list}{contributions}, 1 AS __src FROM __pre"
+        if self._acc is not None:
+            both = f"SELECT {key_list}{stored}, 0 AS __src FROM __state UNION ALL {both}"
+        sums = ", ".join(
+            f"sum({n}) AS new_{n}, sum(IF(__src = 0, {n}, NULL)) AS old_{n}" for n in self._accumulators
+        )
+        grouping = f" GROUP BY {', '.join(keys)}" if keys else ""
+        return f"SELECT {key_list}{sums}, max(__src) AS __touched FROM ({both}){grouping}"
+
+    def _summed_values_sql(self, a: int) -> str:
+        """Per group and value of argument `a`: its count after and before the change,
+        and whether the change touched it."""
+        key_list = _prefix(", ".join(self._keys))
+        both = f"SELECT {key_list}__x{a} AS __v, {DIFF} AS __c, 1 AS __src FROM __pre WHERE __x{a} IS NOT NULL"
+        if self._values[a] is not None:
+            both = f"SELECT {key_list}__v, __c, 0 AS __src FROM __vstate{a} UNION ALL {both}"
+        return (
+            f"SELECT {key_list}__v, sum(__c) AS new_c, sum(IF(__src = 0, __c, 0)) AS old_c "
+            f"FROM ({both}) GROUP BY {key_list}__v"
+        )
+
+    def _versions_sql(self, time: int, shape: AggregateShape) -> str:
+        """The old (-1) and new (+1) rows of every touched group, with each aggregate's
+        value as `__a<i>`: the view the post-aggregate template reads."""
+        keys = self._keys
+        source = "__summed g"
+        for a in self._value_arguments:
+            extremes = ", ".join(
+                f"{fn}(IF({side}_c > 0, __v, NULL)) AS {side}_{name}{a}"
+                for side in ("new", "old")
+                for fn, name in (("min", "min"), ("max", "max"), ("count", "cd"))
+            )
+            grouping = f" GROUP BY {', '.join(keys)}" if keys else ""
+            source += (
+                f" LEFT JOIN (SELECT {_prefix(', '.join(keys))}{extremes} FROM __vsummed{a}{grouping}) x{a}"
+                f" ON {_matching('g', f'x{a}', keys) if keys else 'true'}"
+            )
+        selects = [self._rows_sql(source, "new", time, shape, sign=1)]
+        if self.hydrated:
+            selects.append(self._rows_sql(source, "old", time, shape, sign=-1))
+        return " UNION ALL ".join(selects)
+
+    def _rows_sql(self, source: str, side: str, time: int, shape: AggregateShape, *, sign: int) -> str:
+        """The `side` ("new" or "old") row of every touched group that exists on that
+        side: a positive multiplicity, or always for a global aggregate (whose sums over
+        nothing are then 0)."""
+        keys = self._keys
+        if keys:
+            values = {n: f"g.{side}_{n}" for n in self._accumulators}
+            multiplicity = values["__n"]
+            message = f"'negative count in dataflow {_sql_text(self.what)} at {time}: a group has multiplicity ' || {multiplicity}"
+            exists = f"CASE WHEN {multiplicity} < 0 THEN raise_error({message}) ELSE {multiplicity} > 0 END"
+            where = f" WHERE g.__touched = 1 AND {exists}"
         else:
-            message = F.concat(
-                F.lit(f"negative count in dataflow {self.what} at {time}: a group has multiplicity "),
-                F.col("__n").cast("string"),
-            )
-            acc = acc.where(F.when(F.col("__n") < 0, F.raise_error(message)).otherwise(F.col("__n") > 0))
-        for a, frame in values.items():
-            extremes = frame.where(F.col("__c") > 0).groupBy(*keys).agg(
-                F.min("__v").alias(f"__min{a}"), F.max("__v").alias(f"__max{a}"), F.count("__v").alias(f"__cd{a}")
-            )
-            acc = _join_on_keys(acc, extremes, keys)
-        columns = [F.col(k) for k in keys]
-        columns += [F.expr(_final(call)).cast(call.result_type).alias(f"__a{i}") for i, call in enumerate(shape.calls)]
-        return acc.select(*columns, F.lit(sign).cast("bigint").alias(DIFF))
+            values = {n: f"coalesce(g.{side}_{n}, 0)" for n in self._accumulators}
+            where = ""
+        finals = [
+            f"CAST({_final(call, values, side)} AS {call.result_type}) AS __a{i}" for i, call in enumerate(shape.calls)
+        ]
+        columns = [*(f"g.{k}" for k in keys), *finals, f"CAST({sign} AS BIGINT) AS {DIFF}"]
+        return f"SELECT {', '.join(columns)} FROM {source}{where}"
 
     def _mark_hydrated(self) -> None:
         self.hydrated = True
@@ -188,103 +252,85 @@ class IncrementalDataflow:
     def _bind(self, view: str, frame: DataFrame) -> None:
         frame.createOrReplaceTempView(view)
 
+    def _sql(self, text: str) -> DataFrame:
+        return self.session.sql(text)
+
     def _frame(self, template) -> DataFrame:
         return DataFrame(self.jvm.dataframe_jdf(template), self.session)
 
 
-def _accumulators(shape: AggregateShape) -> dict[str, Column]:
-    """The additive sums kept per group, by column name: `__n` and, per argument, what
-    its aggregates need."""
-    sums: dict[str, Column] = {"__n": F.sum(DIFF)}
+def _prefix(columns: str) -> str:
+    """`columns, ` or nothing."""
+    return f"{columns}, " if columns else ""
+
+
+def _matching(left: str, right: str, keys: list[str]) -> str:
+    """Equal keys, a NULL matching a NULL (as GROUP BY groups them)."""
+    return " AND ".join(f"{left}.{k} <=> {right}.{k}" for k in keys)
+
+
+def _sql_text(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("'", "\\'")
+
+
+def _accumulators(shape: AggregateShape) -> dict[str, str]:
+    """The additive accumulators kept per group, by name, each as one row's contribution
+    (SQL over the pre-aggregate columns; a group's accumulator is their sum): `__n` and,
+    per argument, what its aggregates need."""
+    contributions: dict[str, str] = {"__n": DIFF}
     for call in shape.calls:
         if call.argument is None or call.function in _VALUE_FUNCTIONS:
             continue
         a = call.argument
         x = f"__x{a}"
-        sums[f"__c{a}"] = F.sum(F.expr(f"IF({x} IS NOT NULL, {DIFF}, 0)"))
+        contributions[f"__c{a}"] = f"IF({x} IS NOT NULL, {DIFF}, 0)"
         if call.function == "count":
             continue
         if call.input_type in _FLOAT_TYPES:
             value = f"CAST({x} AS DOUBLE)"
             finite = f"(NOT isnan({value}) AND abs({value}) != CAST('Infinity' AS DOUBLE))"
-            sums[f"__h{a}"] = F.sum(F.expr(f"IF({finite}, CAST({value} - {value} % 1 AS DECIMAL(38,0)), 0) * {DIFF}"))
-            sums[f"__l{a}"] = F.sum(F.expr(f"IF({finite}, CAST(({value} % 1) * {_FLOAT_UNIT} AS DECIMAL(38,0)), 0) * {DIFF}"))
-            sums[f"__nan{a}"] = F.sum(F.expr(f"IF(isnan({value}), {DIFF}, 0)"))
-            sums[f"__pinf{a}"] = F.sum(F.expr(f"IF({value} = CAST('Infinity' AS DOUBLE), {DIFF}, 0)"))
-            sums[f"__ninf{a}"] = F.sum(F.expr(f"IF({value} = CAST('-Infinity' AS DOUBLE), {DIFF}, 0)"))
+            contributions[f"__h{a}"] = f"IF({finite}, CAST({value} - {value} % 1 AS DECIMAL(38,0)), 0) * {DIFF}"
+            contributions[f"__l{a}"] = f"IF({finite}, CAST(({value} % 1) * {_FLOAT_UNIT} AS DECIMAL(38,0)), 0) * {DIFF}"
+            contributions[f"__nan{a}"] = f"IF(isnan({value}), {DIFF}, 0)"
+            contributions[f"__pinf{a}"] = f"IF({value} = CAST('Infinity' AS DOUBLE), {DIFF}, 0)"
+            contributions[f"__ninf{a}"] = f"IF({value} = CAST('-Infinity' AS DOUBLE), {DIFF}, 0)"
         elif call.input_type.startswith("DECIMAL"):
-            sums[f"__s{a}"] = F.sum(F.expr(f"{x} * CAST({DIFF} AS DECIMAL(10,0))"))
+            contributions[f"__s{a}"] = f"{x} * CAST({DIFF} AS DECIMAL(10,0))"
         else:
-            sums[f"__s{a}"] = F.sum(F.expr(f"CAST({x} AS DECIMAL(38,0)) * {DIFF}"))
-    return sums
+            contributions[f"__s{a}"] = f"CAST({x} AS DECIMAL(38,0)) * {DIFF}"
+    return contributions
 
 
-def _float_sum(a: int) -> str:
-    return (
-        f"CASE WHEN __nan{a} > 0 OR (__pinf{a} > 0 AND __ninf{a} > 0) THEN CAST('NaN' AS DOUBLE) "
-        f"WHEN __pinf{a} > 0 THEN CAST('Infinity' AS DOUBLE) "
-        f"WHEN __ninf{a} > 0 THEN CAST('-Infinity' AS DOUBLE) "
-        f"ELSE CAST(__h{a} AS DOUBLE) + CAST(__l{a} AS DOUBLE) / {_FLOAT_UNIT} END"
-    )
-
-
-def _final(call: AggregateCall) -> str:
-    """The aggregate's value as SQL over the accumulator columns (NULL over no values, as
-    Spark's aggregates)."""
+def _final(call: AggregateCall, values: Mapping[str, str], side: str) -> str:
+    """The aggregate's value on `side` ("new" or "old") as SQL over the accumulators
+    (`values`: name -> SQL) and the value extremes, NULL over no values, as Spark's
+    aggregates."""
     a = call.argument
     if call.function == "count_rows":
-        return "__n"
-    if call.function == "count":
-        return f"__c{a}"
+        return values["__n"]
     if call.function in ("min", "max"):
-        return f"__{call.function}{a}"
+        return f"x{a}.{side}_{call.function}{a}"
     if call.function == "count_distinct":
-        return f"coalesce(__cd{a}, 0)"
+        return f"coalesce(x{a}.{side}_cd{a}, 0)"
+    count = values[f"__c{a}"]
+    if call.function == "count":
+        return count
     floating = call.input_type in _FLOAT_TYPES
-    if call.function == "sum":
-        total = _float_sum(a) if floating else f"__s{a}"
-    elif floating:
-        total = f"({_float_sum(a)}) / __c{a}"
-    elif call.input_type.startswith("DECIMAL"):
-        precision, scale = (int(p) for p in call.input_type[len("DECIMAL(") : -1].split(","))
-        total = f"CAST(__s{a} AS DECIMAL({min(38, precision + 10)},{scale})) / CAST(__c{a} AS DECIMAL(20,0))"
+    if floating:
+        total = (
+            f"CASE WHEN {values[f'__nan{a}']} > 0 OR ({values[f'__pinf{a}']} > 0 AND {values[f'__ninf{a}']} > 0) THEN CAST('NaN' AS DOUBLE) "
+            f"WHEN {values[f'__pinf{a}']} > 0 THEN CAST('Infinity' AS DOUBLE) "
+            f"WHEN {values[f'__ninf{a}']} > 0 THEN CAST('-Infinity' AS DOUBLE) "
+            f"ELSE CAST({values[f'__h{a}']} AS DOUBLE) + CAST({values[f'__l{a}']} AS DOUBLE) / {_FLOAT_UNIT} END"
+        )
     else:
-        total = f"CAST(__s{a} AS DOUBLE) / __c{a}"
-    return f"IF(__c{a} = 0, NULL, {total})"
-
-
-def _merge(pieces: list[DataFrame], keys: list[str], sums: list[str]) -> DataFrame:
-    """The pieces summed per key."""
-    union = reduce(lambda a, b: a.unionByName(b), [p for p in pieces if p is not None])
-    return union.groupBy(*keys).agg(*(F.sum(s).alias(s) for s in sums))
-
-
-def _lookup(pieces: list[DataFrame], touched: DataFrame | None, keys: list[str], sums: list[str]) -> DataFrame | None:
-    """The state of the touched groups (all of it for a global aggregate): pieces
-    semi-joined with the change's keys (broadcast: the change is small), then summed."""
-    if not pieces:
-        return None
-    union = reduce(lambda a, b: a.unionByName(b), pieces)
-    if touched is not None:
-        group_keys = keys[: len(touched.columns)]
-        renamed = touched.select(*(F.col(k).alias(f"__t{i}") for i, k in enumerate(group_keys)))
-        condition = reduce(lambda a, b: a & b, (F.col(k).eqNullSafe(F.col(f"__t{i}")) for i, k in enumerate(group_keys)))
-        union = union.join(F.broadcast(renamed), condition, "left_semi")
-    return union.groupBy(*keys).agg(*(F.sum(s).alias(s) for s in sums))
-
-
-def _append(pieces: list[DataFrame], piece: DataFrame, keys: list[str], sums: list[str], count: str) -> list[DataFrame]:
-    pieces = [*pieces, piece]
-    if len(pieces) <= MAX_PIECES:
-        return pieces
-    merged = _merge(pieces, keys, sums).where(F.col(count) != 0)
-    return [merged.localCheckpoint(eager=True)]
-
-
-def _join_on_keys(left: DataFrame, right: DataFrame, keys: list[str]) -> DataFrame:
-    """`left` with `right`'s other columns, matched on `keys` (NULL keys match NULL)."""
-    if not keys:
-        return left.crossJoin(right) if right.columns else left
-    renamed = right.select(*(F.col(k).alias(f"__r{i}") for i, k in enumerate(keys)), *(c for c in right.columns if c not in keys))
-    condition = reduce(lambda a, b: a & b, (F.col(k).eqNullSafe(F.col(f"__r{i}")) for i, k in enumerate(keys)))
-    return left.join(renamed, condition, "left").drop(*(f"__r{i}" for i in range(len(keys))))
+        total = values[f"__s{a}"]
+    if call.function == "avg":
+        if floating:
+            total = f"({total}) / {count}"
+        elif call.input_type.startswith("DECIMAL"):
+            precision, scale = (int(p) for p in call.input_type[len("DECIMAL(") : -1].split(","))
+            total = f"CAST({total} AS DECIMAL({min(38, precision + 10)},{scale})) / CAST({count} AS DECIMAL(20,0))"
+        else:
+            total = f"CAST({total} AS DOUBLE) / {count}"
+    return f"IF({count} = 0, NULL, {total})"

@@ -254,20 +254,23 @@ class Incremental(Maintainer):
 
         last = self.last_time
         if last is None:
-            return Binding(updates(time), updates(time).limit(0), None)
-        delta = updates(time, last) if reader.has_changes(last, time) else None
-        return Binding(updates(time), updates(last), delta)
+            return Binding(lambda: updates(time), lambda: updates(time).limit(0), None)
+        changed = reader.has_changes(last, time)
+        return Binding(lambda: updates(time), lambda: updates(last), (lambda: updates(time, last)) if changed else None)
 
     def _index_binding(self, position: int, arrangement: Arrangement, time: int) -> tuple[Binding, Version]:
         new = _version_at(arrangement, time)
-        old = self._bound.get(position)
-        if old is None:
-            return Binding(_signed_frame(self.session, new.table, 1), _signed_frame(self.session, new.table.slice(0, 0), 1), None), new
-        delta = None
-        if old is not new:
-            changed = _signed_changes(old.table, new.table)
-            delta = _arrow_frame(self.session, changed) if changed.num_rows else None
-        return Binding(_signed_frame(self.session, new.table, 1), _signed_frame(self.session, old.table, 1), delta), new
+        old = self._bound.get(position, new)
+
+        def delta() -> DataFrame:
+            return _arrow_frame(self.session, _signed_changes(old.table, new.table))
+
+        binding = Binding(
+            lambda: _signed_frame(self.session, new.table),
+            lambda: _signed_frame(self.session, old.table if position in self._bound else new.table.slice(0, 0)),
+            delta if old is not new else None,
+        )
+        return binding, new
 
 
 # --- Helpers -------------------------------------------------------------------------
@@ -349,8 +352,9 @@ def _arrow_frame(session: SparkSession, table: pa.Table) -> DataFrame:
     return session.createDataFrame(table, schema=from_arrow_schema(table.schema, prefer_timestamp_ntz=True))
 
 
-def _signed_frame(session: SparkSession, table: pa.Table, sign: int) -> DataFrame:
-    return _arrow_frame(session, table.append_column(DIFF, pa.array([sign] * table.num_rows, pa.int64())))
+def _signed_frame(session: SparkSession, table: pa.Table) -> DataFrame:
+    """A version's rows as updates, each with `_diff` 1."""
+    return _arrow_frame(session, table.append_column(DIFF, pa.array([1] * table.num_rows, pa.int64())))
 
 
 def _signed_changes(old: pa.Table, new: pa.Table) -> pa.Table:

@@ -200,7 +200,7 @@ def _footer_summary(storage: Storage, path: str) -> tuple[tuple[int, ...] | None
     its one time (None when it holds several) and whether every `_diff` is positive."""
     low = high = None
     positive = True
-    for file in storage.batch_files(path):
+    for file in storage.batch_files(storage.fs_path(path)):
         metadata = pq.read_metadata(file, filesystem=storage.filesystem)
         names = metadata.schema.names
         time_column, diff_column = names.index(TIME), names.index(DIFF)
