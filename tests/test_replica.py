@@ -18,6 +18,7 @@ import pytest
 import history as h
 from catalog import Catalog
 from protocol import HelloAck, ipc_to_table
+from rows import assert_same_rows
 from replica_harness import ReplicaProcess, ScriptedClient
 from replica_service import _spark
 from storage import Storage, schema_to_ddl
@@ -123,10 +124,6 @@ def _expected(spark, env, sql: str, imports: dict[str, str], t: int) -> pa.Table
     return _spark.query(spark, sql, tables).toArrow()
 
 
-def _rows(table: pa.Table) -> list[dict]:
-    return sorted(table.to_pylist(), key=lambda row: [(v is None, str(v)) for v in row.values()])
-
-
 def _peek_rows(result: h.PeekResult) -> pa.Table:
     assert isinstance(result, h.PeekRows), result
     return ipc_to_table(result.arrow_ipc)
@@ -194,7 +191,7 @@ def test_peeks_at_several_times_match_spark(env, sales, small, spark):
     for t in sales["times"]:
         answer = _peek_rows(small.client.peek(h.IndexTarget(index), t))
         expected = _expected(spark, env, TOTALS, {"sales": sales["id"]}, t)
-        assert _rows(answer) == _rows(expected), f"at {t}"
+        assert_same_rows(answer, expected)
 
 
 def test_peek_finishing_key_filter_order_limit_projection(env, sales, small):
@@ -328,7 +325,7 @@ def test_two_replicas_write_a_materialized_view_exactly_once(env, sales, small, 
     assert len(with_rows) == len(change_times)  # each change written once, by one replica
     for t in change_times:
         expected = _expected(spark, env, TOTALS, {"sales": sales["id"]}, t)
-        assert _rows(storage.read_snapshot(sink, t)) == _rows(expected.cast(storage.schema(sink)))
+        assert_same_rows(storage.read_snapshot(sink, t), expected.cast(storage.schema(sink)))
 
 
 def test_reconnect_with_a_compatible_history_keeps_dataflows(env, sales, small):
@@ -391,7 +388,7 @@ def test_a_cut_stream_resumes_its_session(env, sales, small, spark):
     assert set(resumed.responses.peeks) == {"answered"}
     t = append(env, sales, [{"id": 2000, "region": "north", "amount": 2.5}])
     kept = resumed.wait_for(lambda r: r.peeks.get("kept"), 90, "the kept peek")
-    assert _rows(_peek_rows(kept)) == _rows(_expected(spark, env, TOTALS, {"sales": sales["id"]}, waiting))
+    assert_same_rows(_peek_rows(kept), _expected(spark, env, TOTALS, {"sales": sales["id"]}, waiting))
     resumed.wait_frontier(index, past=t)
     assert resumed.responses.peek_counts["kept"] == 1  # sent twice, answered once
     assert first_status.dataflows_built == before.dataflows_built  # nothing rebuilt

@@ -301,6 +301,17 @@ def _accumulators(shape: AggregateShape) -> dict[str, str]:
     return contributions
 
 
+def _exact_to_double(whole: str, fraction: str) -> str:
+    """The double nearest to `whole + fraction * 1e-18` (two exact DECIMAL sums). Below
+    1e19 the two fit one 38-digit integer, whose decimal text Java parses into the
+    correctly rounded double; beyond, the fraction is within the last bits anyway."""
+    return (
+        f"IF(abs({whole}) < 1e19, "
+        f"CAST(CAST({whole} * 1000000000000000000 + {fraction} AS STRING) || 'E-18' AS DOUBLE), "
+        f"CAST({whole} AS DOUBLE) + CAST({fraction} AS DOUBLE) / {_FLOAT_UNIT})"
+    )
+
+
 def _final(call: AggregateCall, values: Mapping[str, str], side: str) -> str:
     """The aggregate's value on `side` ("new" or "old") as SQL over the accumulators
     (`values`: name -> SQL) and the value extremes, NULL over no values, as Spark's
@@ -321,7 +332,7 @@ def _final(call: AggregateCall, values: Mapping[str, str], side: str) -> str:
             f"CASE WHEN {values[f'__nan{a}']} > 0 OR ({values[f'__pinf{a}']} > 0 AND {values[f'__ninf{a}']} > 0) THEN CAST('NaN' AS DOUBLE) "
             f"WHEN {values[f'__pinf{a}']} > 0 THEN CAST('Infinity' AS DOUBLE) "
             f"WHEN {values[f'__ninf{a}']} > 0 THEN CAST('-Infinity' AS DOUBLE) "
-            f"ELSE CAST({values[f'__h{a}']} AS DOUBLE) + CAST({values[f'__l{a}']} AS DOUBLE) / {_FLOAT_UNIT} END"
+            f"ELSE {_exact_to_double(values[f'__h{a}'], values[f'__l{a}'])} END"
         )
     else:
         total = values[f"__s{a}"]

@@ -16,6 +16,7 @@ replica writes every version, so they are).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -35,10 +36,13 @@ class SinkWriter:
     def upper(self) -> Frontier:
         return self.storage.upper(self.id)
 
-    def write(self, time: int, changes: DataFrame | None, upper: int) -> Frontier:
-        """Write `changes` (user columns and `_diff`, consolidated; None: no change at
-        `time`) as the updates at `time`, and move the upper to `upper`; return the
-        collection's upper (blocking: a Spark job and a catalog transaction)."""
+    def write(self, time: int, changes: Callable[[int], DataFrame] | None, upper: int) -> Frontier:
+        """Write the changes at `time` and move the upper to `upper`; return the
+        collection's upper (blocking: a Spark job and a catalog transaction).
+
+        `changes(current)` gives them (user columns and `_diff`, consolidated) for a
+        collection whose upper is `current`; it is called only when this writer has a
+        range to write. None: nothing changed at `time`."""
         current = self.storage.upper(self.id)
         while not current.is_empty and current.time < upper:
             if current.time > time or changes is None:
@@ -46,7 +50,7 @@ class SinkWriter:
                 commit = lambda: self.storage.compare_and_append(self.id, current, Frontier(upper))  # noqa: E731
             else:
                 relative, uri = self.storage.reserve_batch(self.id)
-                self._frame(changes, time).write.parquet(uri)
+                self._frame(changes(current.time), time).write.parquet(uri)
                 commit = lambda: self.storage.commit_batch(self.id, current, Frontier(upper), relative)  # noqa: E731
             try:
                 info = commit()
