@@ -334,14 +334,7 @@ class Controller:
         driver = self._driver(instance)
         conf = driver.instance.config.conf()
         tables = await self._plan(lambda planner: planner.referenced_tables(sql, conf))
-        imports, schemas, as_of = [], {}, Frontier.minimum()
-        latest = Frontier.empty()
-        for table in tables:
-            source, schema, since, upper = await self._resolve(driver, table)
-            imports.append(source)
-            schemas[table] = schema
-            as_of = as_of.join(since)
-            latest = latest.meet(upper)
+        schemas = {table: (await self._resolve(driver, table))[1] for table in tables}
         planned = await self._plan(lambda planner: planner.analyze(sql, schemas, conf))
         if index_key is None and not materialize:
             index_key = ()
@@ -349,6 +342,13 @@ class Controller:
             key = index_key
             index_key = await self._plan(lambda planner: planner.check_index_key(planned, key))
         recorded = _strategy(name, strategy, planned.not_incremental)
+        # The inputs' frontiers are read after planning, which takes a while: by then a
+        # since read before could have moved past the as_of chosen from it.
+        imports, as_of, latest = [], Frontier.minimum(), Frontier.empty()
+        for table in tables:
+            source, _, since, upper = await self._resolve(driver, table)
+            imports.append(source)
+            as_of, latest = as_of.join(since), latest.meet(upper)
         # Start at the latest time every input can serve, not at an old since: each
         # input change between the two would otherwise be one more Spark step.
         as_of = as_of.join(latest.step_back()) if not latest.is_empty else as_of

@@ -537,6 +537,8 @@ class Replica:
                 # Rebuilt after a failure: bring the state to where the versions are.
                 built.restore(dataflow.frontier.time - 1)
             dataflow.maintainer = built
+        if not dataflow.frontier.is_empty:
+            dataflow.maintainer.unchanged_through(dataflow.frontier.time - 1)
         output = dataflow.maintainer.step(time)
         rows = output.version(previous) if dataflow.arrangements else None
         for id, sink in dataflow.sinks.items():

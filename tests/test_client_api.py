@@ -277,7 +277,7 @@ class FakeApi:
         return list(self.sources.values())
 
     async def create_dataflow(
-        self, instance, name, sql, *, index_key=None, materialize=False, compaction_window_ms=0
+        self, instance, name, sql, *, index_key=None, materialize=False, compaction_window_ms=0, strategy="auto"
     ):
         await self._enter(
             "create_dataflow",
@@ -287,6 +287,7 @@ class FakeApi:
             index_key=index_key,
             materialize=materialize,
             compaction_window_ms=compaction_window_ms,
+            strategy=strategy,
         )
         self._instance(instance)
         prefix = "SELECT * FROM "
@@ -308,6 +309,7 @@ class FakeApi:
             None if index_key is None else tuple(index_key),
             f"m{n}" if materialize else None,
             compaction_window_ms,
+            "incremental" if strategy != "recompute" else "recompute: asked for",
         )
         self.dataflows[instance, name] = view
         return view

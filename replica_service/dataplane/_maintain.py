@@ -82,6 +82,11 @@ class Maintainer:
         """Rebuild the state of a dataflow whose versions are computed through `time`
         (after its Spark state was lost), without output."""
 
+    def unchanged_through(self, time: int) -> None:
+        """No input changed between the last step and `time` (the dataflow's frontier
+        passed it): the next step reads the changes after `time`, which the inputs'
+        holds (at the frontier) keep readable, not those after the last step."""
+
 
 def maintainer(
     desc: DataflowDescription,
@@ -230,6 +235,10 @@ class Incremental(Maintainer):
                 changes.unpersist()
 
         return StepOutput(time, version, lambda current: changes, finish)
+
+    def unchanged_through(self, time: int) -> None:
+        if self.last_time is not None:
+            self.last_time = max(self.last_time, time)
 
     def restore(self, time: int) -> None:
         self.state = IncrementalDataflow(self.plan, self.session, self.desc.name)
