@@ -35,6 +35,7 @@ from catalog import (
     NotFound,
     ReplicaInfo,
     default_url,
+    sink_holder,
 )
 from controller._api import (
     CollectionView,
@@ -189,7 +190,7 @@ class Controller:
             if info.namespace == "compute":
                 self.catalog.record_frontiers(effect.id, since=effect.since)
             else:  # a materialized view: its compute since holds its storage collection
-                self._hold(effect.id, f"{info.dataflow_id}/sink", effect.since)
+                self._hold(effect.id, sink_holder(info.dataflow_id), effect.since)
 
     def _hold(self, id: str, holder: str, frontier: Frontier) -> None:
         try:
