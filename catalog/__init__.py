@@ -39,7 +39,7 @@ from catalog._records import (
     NewBatch,
     ReplicaInfo,
 )
-from catalog._recovery import dependency_order
+from catalog._recovery import dependency_order, sink_holder
 
 __all__ = [
     "DEFAULT_MAX_LAG_MS",
@@ -68,5 +68,6 @@ __all__ = [
     "default_url",
     "dependency_order",
     "make_engine",
+    "sink_holder",
     "wall_clock_ms",
 ]

@@ -228,10 +228,11 @@ class Dataflow(Base):
 
 
 class Batch(Base):
-    """One Parquet file of a storage collection, holding its updates at times in
-    `[lower, upper)` (`upper` NULL: the append that closed the collection). Batches of a
+    """One batch of a storage collection, holding its updates at times in `[lower,
+    upper)` (`upper` NULL: the append that closed the collection). Batches of a
     collection are disjoint; a gap between two means no updates there. `path` is
-    relative to the blob directory."""
+    relative to the blob location: a Parquet file, or (ending in `/`) a directory of part
+    files written by Spark."""
 
     __tablename__ = "batches"
     __table_args__ = (
@@ -261,9 +262,10 @@ class ReadHold(Base):
 
 
 class RetiredBlob(Base):
-    """A file no manifest row names any more (replaced by compaction, or its collection
-    was dropped). It stays for a grace period, so readers holding an older read plan can
-    finish; `Storage.collect_garbage` deletes it afterwards."""
+    """A batch (file or directory) no manifest row names any more (replaced by
+    compaction, or its collection was dropped). It stays for a grace period, so readers
+    holding an older read plan can finish; `Storage.collect_garbage` deletes it
+    afterwards."""
 
     __tablename__ = "retired_blobs"
 

@@ -4,6 +4,11 @@ DESIGN section 6: `CreateInstance`, the merged configuration, every live dataflo
 `as_of` = its recorded since, their `Schedule`s, then `InitializationComplete`. The result
 is already in reduced form (`history.reduce_commands` leaves it unchanged).
 
+The recorded since of an index is its collection's since. A materialized view's is the
+hold its dataflow keeps on it (`sink_holder`), when there is one: the view's storage
+since may lag it, held lower by its readers or the controller's retention hold, and the
+dataflow must not go back there, where its inputs may no longer be readable.
+
 Dataflows come in dependency order: one that imports another's export comes after it.
 Ties are broken by id number, so the order is deterministic; it is computed by a
 topological sort, not assumed from the ids.
@@ -18,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from catalog._collections import id_number, list_dataflows
 from catalog._instances import get_instance
-from catalog._models import Collection, frontier_from_db
+from catalog._models import Collection, ReadHold, frontier_from_db
 from catalog._records import DataflowInfo
 from history import (
     ComputeCommand,
@@ -31,6 +36,12 @@ from history import (
     UpdateConfiguration,
     meet_all,
 )
+
+
+def sink_holder(dataflow_id: str) -> str:
+    """The holder of the read hold a dataflow keeps on its materialized view, at the
+    view's compute since (the controller moves it as that since advances)."""
+    return f"{dataflow_id}/sink"
 
 
 def dependency_order(dataflows: list[DataflowInfo]) -> list[DataflowInfo]:
@@ -69,6 +80,14 @@ def recover_history(session: Session, instance: str) -> list[ComputeCommand]:
             )
         )
     }
+    views = {sink_holder(df.id): df.sink_id for df in dataflows if df.sink_id is not None}
+    for holder, id, frontier in session.execute(
+        select(ReadHold.holder, ReadHold.collection_id, ReadHold.frontier).where(
+            ReadHold.holder.in_(list(views))
+        )
+    ):
+        if views[holder] == id:
+            sinces[id] = frontier_from_db(frontier)
     commands: list[ComputeCommand] = [CreateInstance(info.config)]
     if info.parameters != ComputeParameters():
         commands.append(UpdateConfiguration(info.parameters))

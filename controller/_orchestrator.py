@@ -87,10 +87,10 @@ def pid_alive(pid: int | None) -> bool:
 class Orchestrator:
     """Starts and stops the replica processes of every managed replica."""
 
-    def __init__(self, catalog: Catalog, catalog_url: str, blob_dir: Path, data_dir: Path) -> None:
+    def __init__(self, catalog: Catalog, catalog_url: str, blob_location: str | Path, data_dir: Path) -> None:
         self.catalog = catalog
         self.catalog_url = catalog_url
-        self.blob_dir = blob_dir
+        self.blob_location = str(blob_location)  # a directory or a URI: replicas take both
         self.log_dir = data_dir / "logs"
         self.work_root = data_dir / "replicas"
         self._launching = threading.Lock()  # one JVM start at a time: they compete for 2 cores
@@ -168,7 +168,7 @@ class Orchestrator:
             sys.executable, "-m", "replica_service",
             "--listen", "127.0.0.1:0",
             "--catalog", self.catalog_url,
-            "--blob-dir", str(self.blob_dir),
+            "--blob-dir", self.blob_location,
             "--work-dir", str(work_dir),
             "--crash-file", str(self.work_root / f"{replica.instance}-{replica.name}.crashes.json"),
             "--spark-master", replica.spark_master,

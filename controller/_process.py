@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -51,7 +51,8 @@ STOP_TIMEOUT_S = 30.0
 
 
 class ControllerProcess:
-    """A `tandem serve` process on `data_dir`, started by the constructor (see `start`).
+    """A `tandem serve` process on `data_dir`, started by the constructor (see `start`),
+    with `serve_args` as more options of `tandem serve` (e.g. `--retention-ms`).
     After `kill` or `stop`, `start` runs a new one on the same directory and log."""
 
     def __init__(
@@ -61,9 +62,11 @@ class ControllerProcess:
         catalog_url: str | None = None,
         log_name: str = "controller.log",
         ready_timeout: float = READY_TIMEOUT_S,
+        serve_args: Sequence[str] = (),
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.catalog_url = catalog_url
+        self.serve_args = list(serve_args)
         self.log_path = self.data_dir / log_name
         self.ready_timeout = ready_timeout
         self.process: subprocess.Popen | None = None
@@ -80,6 +83,7 @@ class ControllerProcess:
         command += ["--data-dir", str(self.data_dir), "--listen", "127.0.0.1:0"]
         if self.catalog_url:
             command += ["--catalog", self.catalog_url]
+        command += self.serve_args
         path = os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")]))
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(

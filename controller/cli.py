@@ -43,7 +43,7 @@ from typing import Any, TextIO
 import grpc
 import pyarrow as pa
 
-from controller._api import DataflowView, InstanceView, ReplicaView, SourceView
+from controller._api import ControllerError, DataflowView, InstanceView, ReplicaView, SourceView
 from controller.client import DEFAULT_ADDRESS, Client, QueryResult, TandemError
 
 # --- Tables ----------------------------------------------------------------------------
@@ -295,7 +295,21 @@ def _serve(args: argparse.Namespace) -> None:
     # command needs, and the CLI must work against a remote controller without them.
     from controller import runtime
 
-    asyncio.run(runtime.serve(data_dir=args.data_dir, catalog_url=args.catalog, listen=args.listen))
+    try:
+        asyncio.run(
+            runtime.serve(
+                data_dir=args.data_dir,
+                catalog_url=args.catalog,
+                listen=args.listen,
+                blob_uri=args.blob_uri,
+                retention_ms=args.retention_ms,
+                gc_grace_ms=args.gc_grace_ms,
+                upkeep_interval_ms=args.upkeep_interval_ms,
+            )
+        )
+    except ControllerError as error:  # refused at start: a bad option or blob location
+        print(f"error: {error.code}: {error.message}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def _run_demo(args: argparse.Namespace) -> None:
@@ -529,6 +543,34 @@ def _parser() -> argparse.ArgumentParser:
         default="127.0.0.1:6875",
         metavar="HOST:PORT",
         help="where to serve the client API (default: %(default)s)",
+    )
+    # Defaults left to the runtime (None here), which owns them: see UpkeepOptions.
+    p.add_argument(
+        "--blob-uri",
+        metavar="URI",
+        help="where storage batch files live: a directory, file:///abs/dir or "
+        "s3://bucket/prefix (default: DATA_DIR/blobs)",
+    )
+    p.add_argument(
+        "--retention-ms",
+        type=int,
+        metavar="N",
+        help="how far behind its upper a storage collection stays readable when no "
+        "dataflow holds it; longer than a dataflow takes to create (default: 60000)",
+    )
+    p.add_argument(
+        "--gc-grace-ms",
+        type=int,
+        metavar="N",
+        help="how long unreferenced batch files stay before they are deleted; readers "
+        "must be done with a read plan within it (default: 900000, 15 minutes)",
+    )
+    p.add_argument(
+        "--upkeep-interval-ms",
+        type=int,
+        metavar="N",
+        help="how often storage upkeep (retention holds, compaction, garbage) runs "
+        "(default: 5000)",
     )
     p.set_defaults(run=_serve)
 

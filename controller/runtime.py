@@ -5,11 +5,18 @@ Durability order (DESIGN section 6): a request that changes durable state is val
 committed to the catalog (fenced by the controller epoch), and only then pushed into the
 instance's history and sent. A refused request changes nothing.
 
-Start-up order matters: the planner's JVM is launched before any gRPC thread exists
-(a fork while gRPC threads run broke JVM launches), then the catalog epoch is bumped
-(fencing any older controller), every instance's history is rebuilt from the catalog
-and its replicas are re-added; live replicas reconcile instead of recomputing. The
-planner's session is built in the background meanwhile: only planning waits for it.
+Start-up order matters: the catalog is opened and the blob location checked first, so a
+bad location stops the start before anything runs; the planner's JVM is launched before
+any gRPC thread exists (a fork while gRPC threads run broke JVM launches), then the
+catalog epoch is bumped (fencing any older controller), every instance's history is
+rebuilt from the catalog and its replicas are re-added; live replicas reconcile instead
+of recomputing. The planner's session is built in the background meanwhile: only
+planning waits for it.
+
+Background tasks, once started: the advancer (idle sources' uppers move to now) and
+storage upkeep (retention holds, compaction, garbage; `_upkeep.py`). A `Fenced` error
+ends either, as a fenced controller must stop; any other error is logged and the next
+tick tries again.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import time
 import uuid
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
 from catalog import (
     AlreadyExists,
@@ -35,6 +42,7 @@ from catalog import (
     NotFound,
     ReplicaInfo,
     default_url,
+    sink_holder,
 )
 from controller._api import (
     CollectionView,
@@ -50,6 +58,7 @@ from controller._driver import InstanceDriver
 from controller._instance import ComputeInstance, Effect, InstanceError, InstanceOptions, SinceAdvanced, StorageHold
 from controller._orchestrator import Orchestrator, size_of
 from controller._planner import Planner
+from controller._upkeep import StorageUpkeep, UpkeepOptions
 from history import Frontier, Import, IndexTarget, Peek, PeekCanceled, PeekRows, RowSetFinishing, SqlTarget
 from storage import Storage
 
@@ -78,37 +87,80 @@ async def _blocking(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         raise ControllerError(code, str(e)) from None
 
 
+async def _every(interval_s: float, tick: Callable[[], Awaitable[None]], what: str) -> None:
+    """Run `tick` every `interval_s` seconds until cancelled. `Fenced` ends the loop (a
+    fenced controller must stop); any other error is logged and the next tick retries."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await tick()
+        except Fenced:
+            log.critical("fenced by a newer controller: stopping %s", what)
+            raise
+        except Exception:
+            log.exception("%s failed", what)
+
+
 class Controller:
     """Implements `ControllerApi` over the catalog, storage and instance drivers."""
 
-    def __init__(self, catalog: Catalog, catalog_url: str, storage: Storage, planner: Future[Planner], orchestrator: Orchestrator) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        catalog_url: str,
+        storage: Storage,
+        planner: Future[Planner],
+        orchestrator: Orchestrator,
+        upkeep: UpkeepOptions = UpkeepOptions(),
+    ) -> None:
         self.catalog = catalog
         self.catalog_url = catalog_url
         self.storage = storage
         self._planner = planner  # still starting while recovery runs and peeks are served
         self.orchestrator = orchestrator
+        self.upkeep = StorageUpkeep(storage, upkeep)
         self.drivers: dict[str, InstanceDriver] = {}
         self._epoch = 0
         self._source_writes = asyncio.Lock()  # appends and the advancer move uppers in turn
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task] = []  # the background tasks, cancelled by stop()
 
     # --- Life cycle -----------------------------------------------------------------------
 
     @classmethod
-    async def start(cls, data_dir: Path, catalog_url: str | None = None) -> Controller:
+    async def start(
+        cls,
+        data_dir: Path,
+        catalog_url: str | None = None,
+        *,
+        blob_uri: str | None = None,
+        upkeep: UpkeepOptions = UpkeepOptions(),
+    ) -> Controller:
+        """Start a controller on `data_dir`: the catalog at `catalog_url` (default: SQLite
+        in `data_dir`), batch files at `blob_uri` (default: `data_dir/blobs`). An
+        unusable blob location is INVALID_ARGUMENT, naming it, before anything runs."""
         data_dir = Path(data_dir).resolve()
         data_dir.mkdir(parents=True, exist_ok=True)
-        planner = await asyncio.to_thread(Planner.launch, data_dir / "planner")  # before any gRPC thread
         url = catalog_url or default_url(data_dir)
         catalog = await asyncio.to_thread(Catalog.open, url)
-        storage = Storage(catalog, data_dir / "blobs")
-        orchestrator = Orchestrator(catalog, url, data_dir / "blobs", data_dir)
-        controller = cls(catalog, url, storage, planner, orchestrator)
+        try:
+            storage = await _blocking(Storage, catalog, blob_uri or data_dir / "blobs")
+        except ControllerError:
+            catalog.close()
+            raise
+        planner = await asyncio.to_thread(Planner.launch, data_dir / "planner")  # before any gRPC thread
+        orchestrator = Orchestrator(catalog, url, storage.blob_uri, data_dir)
+        controller = cls(catalog, url, storage, planner, orchestrator, upkeep)
         controller._epoch = await _blocking(catalog.become_controller)
-        log.info("controller epoch %d on %s", controller._epoch, url)
+        log.info("controller epoch %d on %s; batch files at %s", controller._epoch, url, storage.blob_uri)
         await controller._recover()
-        controller._tasks.append(asyncio.get_running_loop().create_task(controller._advance_sources()))
+        controller._start_tasks()
         return controller
+
+    def _start_tasks(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(_every(ADVANCE_INTERVAL_S, self._advance_sources, "advancing sources")))
+        interval_s = self.upkeep.options.interval_ms / 1000
+        self._tasks.append(loop.create_task(_every(interval_s, self._upkeep_storage, "storage upkeep")))
 
     async def stop(self) -> None:
         """Stop driving; replica processes keep running (a restart reconciles with them)."""
@@ -189,7 +241,7 @@ class Controller:
             if info.namespace == "compute":
                 self.catalog.record_frontiers(effect.id, since=effect.since)
             else:  # a materialized view: its compute since holds its storage collection
-                self._hold(effect.id, f"{info.dataflow_id}/sink", effect.since)
+                self._hold(effect.id, sink_holder(info.dataflow_id), effect.since)
 
     def _hold(self, id: str, holder: str, frontier: Frontier) -> None:
         try:
@@ -300,18 +352,10 @@ class Controller:
         return [_source_view(c) for c in collections if c.kind == "source"]
 
     async def _advance_sources(self) -> None:
-        """Once per tick, move every idle source's upper to now, so dataflows over idle
-        inputs keep making progress."""
-        while True:
-            await asyncio.sleep(ADVANCE_INTERVAL_S)
-            try:
-                async with self._source_writes:
-                    await asyncio.to_thread(self._advance_once)
-            except Fenced:
-                log.critical("fenced by a newer controller: stopping")
-                raise
-            except Exception:
-                log.exception("advancing sources failed")
+        """One tick of the advancer: move every idle source's upper to now, so dataflows
+        over idle inputs keep making progress."""
+        async with self._source_writes:
+            await asyncio.to_thread(self._advance_once)
 
     def _advance_once(self) -> None:
         sources = [c for c in self.catalog.list_collections() if c.kind == "source"]
@@ -325,6 +369,13 @@ class Controller:
                     self.storage.compare_and_append(source.id, upper, now)
                 except CatalogError as e:
                     log.debug("advancing %s: %s", source.id, e)
+
+    async def _upkeep_storage(self) -> None:
+        """One tick of storage upkeep, on a worker thread. It moves no upper, so it takes
+        no `_source_writes`: appends never wait behind a compaction."""
+        done = await asyncio.to_thread(self.upkeep.run_once)
+        if done.compacted or (done.garbage and (done.garbage.retired or done.garbage.orphans)):
+            log.debug("storage upkeep: compacted %s, garbage %s", done.compacted, done.garbage)
 
     # --- Dataflows ------------------------------------------------------------------------
 
@@ -578,13 +629,29 @@ def _instance_view(driver: InstanceDriver, replicas: Mapping[str, ReplicaInfo], 
     )
 
 
-async def serve(*, data_dir: Path, catalog_url: str | None = None, listen: str = "127.0.0.1:6875") -> None:
-    """Run a controller until SIGTERM or SIGINT (`tandem serve`); logs go to stderr."""
+async def serve(
+    *,
+    data_dir: Path,
+    catalog_url: str | None = None,
+    listen: str = "127.0.0.1:6875",
+    blob_uri: str | None = None,
+    retention_ms: int | None = None,
+    gc_grace_ms: int | None = None,
+    upkeep_interval_ms: int | None = None,
+) -> None:
+    """Run a controller until SIGTERM or SIGINT (`tandem serve`); logs go to stderr. An
+    option left None keeps its default (`Controller.start`, `UpkeepOptions`). A bad
+    option or blob location raises `ControllerError` before anything runs."""
     from controller._service import ControllerServer
 
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s controller %(levelname)s %(name)s: %(message)s")
 
-    controller = await Controller.start(data_dir, catalog_url)
+    given = {"retention_ms": retention_ms, "gc_grace_ms": gc_grace_ms, "interval_ms": upkeep_interval_ms}
+    try:
+        upkeep = UpkeepOptions(**{name: value for name, value in given.items() if value is not None})
+    except InvalidArgument as error:
+        raise ControllerError("INVALID_ARGUMENT", str(error)) from None
+    controller = await Controller.start(data_dir, catalog_url, blob_uri=blob_uri, upkeep=upkeep)
     server = ControllerServer(controller, listen)
     await server.start()
     print(f"tandem controller (epoch {controller.epoch}) listening on {server.address}", flush=True)

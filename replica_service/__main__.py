@@ -29,7 +29,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m replica_service", description=__doc__.splitlines()[0])
     parser.add_argument("--listen", default="127.0.0.1:0", help="address to bind (default 127.0.0.1:0)")
     parser.add_argument("--catalog", required=True, help="SQLAlchemy URL of the catalog")
-    parser.add_argument("--blob-dir", required=True, type=Path, help="directory of storage batch files")
+    parser.add_argument(
+        "--blob-dir",
+        "--blob-uri",
+        dest="blob_dir",
+        required=True,
+        metavar="LOCATION",
+        help="where storage batch files live: a directory, file:///abs/dir or s3://bucket/prefix",
+    )
     parser.add_argument("--spark-master", default="local[1]", help="Spark master (default local[1])")
     parser.add_argument("--driver-memory", default="512m", help="Spark driver memory (default 512m)")
     parser.add_argument(

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from catalog import DETERMINISTIC_SPARK_CONF, Catalog, DataflowInfo, NotFound, dependency_order
+from catalog import (
+    DETERMINISTIC_SPARK_CONF,
+    Catalog,
+    DataflowInfo,
+    NotFound,
+    dependency_order,
+    sink_holder,
+)
 from history import (
     ComputeParameters,
     CreateDataflow,
@@ -138,6 +145,27 @@ def test_recover_history_rebuilds_the_instance(controller: Catalog) -> None:
         Schedule(elsewhere.export_ids[0]),
         InitializationComplete(),
     ]
+
+
+def test_a_view_is_recovered_at_its_sink_hold_not_at_its_storage_since(
+    controller: Catalog,
+) -> None:
+    """The view's storage since lags its dataflow's (readers and the retention hold keep
+    it lower); the inputs are held only as far back as the dataflow's own since."""
+    controller.create_instance("main")
+    orders = controller.create_source("orders", SCHEMA)
+    view = controller.create_dataflow(
+        "main", "v", sql="SELECT * FROM o", imports=[Import("o", orders.id)],
+        schema=SCHEMA, as_of=Frontier(3), materialized=True,
+    )
+    controller.acquire_read_hold(view.sink_id, "tandem/retention", Frontier(4))
+    controller.acquire_read_hold(view.sink_id, sink_holder(view.id), Frontier(9))
+    controller.acquire_read_hold(orders.id, f"main/{view.sink_id}", Frontier(9))
+    assert controller.get_collection(view.sink_id).since == Frontier(4)
+    history = controller.recover_history("main")
+    assert history[1] == CreateDataflow(view.description(Frontier(9)))
+    controller.release_read_hold(view.sink_id, sink_holder(view.id))
+    assert controller.recover_history("main")[1] == CreateDataflow(view.description(Frontier(4)))
 
 
 def test_recover_history_of_a_bare_instance(controller: Catalog) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from test_client_api import FakeApi, ServerThread, free_address, populated
 
+import controller
 from controller.cli import format_table, main
 from controller.client import Client
 from history import OrderBy, Predicate
@@ -534,14 +535,61 @@ def test_serve_hands_its_options_to_the_runtime(monkeypatch, tmp_path):
     async def serve(**options):
         calls.append(options)
 
-    monkeypatch.setitem(sys.modules, "controller.runtime", types.SimpleNamespace(serve=serve))
+    fake = types.SimpleNamespace(serve=serve)
+    monkeypatch.setitem(sys.modules, "controller.runtime", fake)
+    # `from controller import runtime` finds the package's attribute first, once another
+    # test has imported the real module.
+    monkeypatch.setattr(controller, "runtime", fake, raising=False)
     assert main(["serve", "--data-dir", str(tmp_path), "--listen", "127.0.0.1:7000"]) == 0
     assert main(["serve", "--catalog", "postgresql://db/tandem"]) == 0
+    storage_options = [
+        "--blob-uri", "s3://bucket/tandem", "--retention-ms", "1000",
+        "--gc-grace-ms", "60000", "--upkeep-interval-ms", "250",
+    ]
+    assert main(["serve", *storage_options]) == 0
+    defaults = {"blob_uri": None, "retention_ms": None, "gc_grace_ms": None, "upkeep_interval_ms": None}
     assert calls == [
-        {"data_dir": tmp_path, "catalog_url": None, "listen": "127.0.0.1:7000"},
+        {"data_dir": tmp_path, "catalog_url": None, "listen": "127.0.0.1:7000", **defaults},
         {
             "data_dir": Path("tandem-data"),
             "catalog_url": "postgresql://db/tandem",
             "listen": "127.0.0.1:6875",
+            **defaults,
+        },
+        {
+            "data_dir": Path("tandem-data"),
+            "catalog_url": None,
+            "listen": "127.0.0.1:6875",
+            "blob_uri": "s3://bucket/tandem",
+            "retention_ms": 1000,
+            "gc_grace_ms": 60000,
+            "upkeep_interval_ms": 250,
         },
     ]
+
+
+def test_serve_help_states_the_runtime_defaults(capsys):
+    from controller._upkeep import UpkeepOptions
+
+    assert main(["serve", "--help"]) == 0
+    help = " ".join(capsys.readouterr().out.split())
+    defaults = UpkeepOptions()
+    for value in (defaults.retention_ms, defaults.gc_grace_ms, defaults.interval_ms):
+        assert f"(default: {value}" in help
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (["--blob-uri", "ftp://files/tandem"], "unsupported blob location 'ftp://files/tandem'"),
+        (["--blob-uri", "{file}/blobs"], "blob location file://{file}/blobs is unusable"),
+        (["--retention-ms", "-1"], "retention_ms must be an int >= 0, not -1"),
+    ],
+)
+def test_serve_refuses_a_bad_blob_location_or_option_at_start(tmp_path, capsys, options, named):
+    """The real runtime: it checks the location before it launches anything."""
+    (tmp_path / "a-file").write_text("not a directory")
+    options = [o.format(file=tmp_path / "a-file") for o in options]
+    assert main(["serve", "--data-dir", str(tmp_path / "data"), *options]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: INVALID_ARGUMENT: ") and named.format(file=tmp_path / "a-file") in err

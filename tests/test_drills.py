@@ -34,6 +34,9 @@ pytestmark = pytest.mark.spark
 SCHEMA = "id BIGINT NOT NULL, region STRING, amount DOUBLE"
 TOTALS = "select region, sum(amount) as total, count(*) as n from sales group by region"
 REGIONS = ["north", "south", "east", "west"]
+# The controller keeps an hour of every storage collection (its retention hold), so its
+# upkeep compacts nothing the verifier reads: the verifier holds no read hold itself.
+SERVE_ARGS = ["--retention-ms", str(3_600_000)]
 
 
 
@@ -43,7 +46,7 @@ class Drill:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.controller = ControllerProcess(root)
+        self.controller = ControllerProcess(root, serve_args=SERVE_ARGS)
         self.client = Client.connect(self.controller.address)
         self.answers: list[tuple[str, str, int, list[dict]]] = []  # (instance, key, timestamp, rows)
         self.failures: list[TandemError] = []
@@ -82,14 +85,14 @@ class Drill:
 
     def restart_controller(self) -> None:
         self.controller.kill()
-        self.controller = ControllerProcess(self.root, log_name=f"controller-{time.monotonic_ns()}.log")
+        self.controller = ControllerProcess(self.root, log_name=f"controller-{time.monotonic_ns()}.log", serve_args=SERVE_ARGS)
         self.client.close()
         self.client = Client.connect(self.controller.address)
 
 
 def snapshot(root: Path, catalog: Catalog, source_id: str, t: int) -> pa.Table:
-    """The source at `t`, consolidated from its batch files (the verifier holds no read
-    hold, so it reads the files, which nothing compacts in these drills)."""
+    """The source at `t`, consolidated from its batch files (nothing compacts them in
+    these drills: see `SERVE_ARGS`)."""
     schema = parse_schema(catalog.get_collection(source_id).schema)
     batches = catalog.manifest(source_id).batches
     tables = [pq.read_table(root / "blobs" / b.path, schema=file_schema(schema)) for b in batches]

@@ -5,7 +5,8 @@ Python program that prints the ready line), so no JVM starts.
 - `stop` sends SIGTERM to the replica's own process and, after the grace period, kills
   what is left of its process group (a child that ignores SIGTERM, as a JVM busy
   stopping would), also for a process an earlier controller started;
-- a process whose replica was dropped while it started is not left running.
+- a process whose replica was dropped while it started is not left running;
+- the blob location, a directory or a URI, reaches the replica's arguments intact.
 """
 
 from __future__ import annotations
@@ -121,3 +122,16 @@ def test_a_replica_dropped_while_its_process_starts_leaves_no_process(orchestrat
 def running(pid: int) -> bool:
     """Alive and not a zombie (an orphan's zombie may wait for a reaper that never comes)."""
     return pid_alive(pid) and not _zombie(pid)
+
+
+def test_the_blob_location_reaches_the_replica_intact(controller: Catalog, tmp_path: Path):
+    from replica_service.__main__ import parse_args
+
+    controller.create_instance("main")
+    replica = controller.create_replica("main", "r1", size="xsmall", spark_master="local[1]")
+    location = "s3://bucket/tandem/blobs?region=eu-west-1"
+    orchestrator = Orchestrator(controller, "sqlite://", location, tmp_path)
+    command = orchestrator._command(replica, {}, tmp_path / "work")
+    assert command[1:3] == ["-m", "replica_service"]
+    assert parse_args(command[3:]).blob_dir == location  # a Path would have eaten a slash
+    assert parse_args(["--catalog", "sqlite://", "--blob-uri", location]).blob_dir == location
