@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Literal, Mapping, Union
 
+from catalog import DEFAULT_MAX_LAG_MS, DEFAULT_MIN_IN_SYNC, DEFAULT_REPLICA_TIMEOUT_MS
 from history import (
     AllowCompaction,
     CancelPeek,
@@ -131,9 +132,10 @@ class InstanceError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class InstanceOptions:
-    min_in_sync: int = 1
-    max_lag_ms: int = 5_000
-    replica_timeout_ms: int = 10_000
+    # The defaults are the catalog's, which records every instance's options.
+    min_in_sync: int = DEFAULT_MIN_IN_SYNC
+    max_lag_ms: int = DEFAULT_MAX_LAG_MS
+    replica_timeout_ms: int = DEFAULT_REPLICA_TIMEOUT_MS
     # Commands kept as pushed: a replica that missed no more than these since its stream
     # broke is caught up with just those (near-horizon).
     resume_window: int = RECENT_COMMANDS

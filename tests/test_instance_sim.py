@@ -22,6 +22,7 @@ from dataclasses import replace
 
 import pytest
 
+from catalog import DEFAULT_MAX_LAG_MS, DEFAULT_MIN_IN_SYNC, DEFAULT_REPLICA_TIMEOUT_MS
 from controller._instance import (
     ComputeInstance,
     Connect,
@@ -391,6 +392,14 @@ def test_a_hung_replica_is_failed_after_replica_timeout_ms():
     assert Disconnect("r1", 2) in effects and Connect("r1", 3, None) in effects
     assert replica.last_failure == "did not resume its session within 2001 ms"
     assert instance.tick(20_000) == []
+
+
+def test_instance_options_default_to_the_catalogs():
+    """One source for an instance's defaults: a ComputeInstance built without options
+    behaves as one the catalog records with its defaults."""
+    assert InstanceOptions() == InstanceOptions(
+        DEFAULT_MIN_IN_SYNC, DEFAULT_MAX_LAG_MS, DEFAULT_REPLICA_TIMEOUT_MS
+    )
 
 
 def test_drop_replica_is_refused_below_min_in_sync_without_force():
