@@ -15,8 +15,10 @@ Rules (DESIGN section 6):
 - `W(c)` is the max of the replicas' write frontiers; a report below the known value is
   ignored. `since(c)` is the min of the holds on c and only advances; when it does,
   `AllowCompaction{c, since}` is sent and c's holds on its inputs follow.
-- A replica is hydrated for c once `w_r(c) > as_of(c)`, in sync when hydrated for every
-  collection and within `max_lag_ms` of `W`.
+- A replica is hydrated for c once `w_r(c) > as_of(c)`, in sync when active, free of
+  replica-wide errors, and for every dataflow: not reported failed, hydrated, and within
+  `max_lag_ms` of `W`. A dataflow that no replica serves (failed or unhydrated on each)
+  makes the instance degraded, not unavailable, while others serve.
 - A failed replica comes back as a new incarnation. If its process kept the session this
   controller opened, and the commands it missed are still among the last
   `resume_window` pushed, it gets just those (near-horizon); otherwise a new session and
@@ -39,6 +41,7 @@ from history import (
     CreateDataflow,
     CreateInstance,
     DataflowDescription,
+    DataflowStatus,
     Frontier,
     FrontiersResponse,
     InitializationComplete,
@@ -191,6 +194,7 @@ class ReplicaState:
     failures: int = 0
     last_failure: str = ""
     status: StatusResponse | None = None
+    dataflow_status: dict[str, DataflowStatus] = field(default_factory=dict)
     session: Session | None = None
     resumes: int = 0  # incarnations brought up near-horizon (just the missed suffix)
     replays: int = 0  # incarnations brought up far-horizon (the reduced history)
@@ -231,11 +235,14 @@ class PendingPeek:
 
 @dataclass(frozen=True, slots=True)
 class ReplicaHealth:
+    """One replica's health (see `ComputeInstance.health`)."""
+
     name: str
     epoch: int
     phase: ReplicaPhase
     hydrated: bool
-    in_sync: bool
+    in_sync: bool  # for every dataflow: not failed, hydrated, within max_lag_ms
+    in_sync_where_served: bool  # the same, but only for dataflows some replica serves
     lag_ms: int | None  # None: not hydrated somewhere, so the lag is unbounded
     peeks_won: int
 
@@ -284,10 +291,17 @@ class ComputeInstance:
         return [Connect(name, 1)]
 
     def check_drop_replica(self, name: str, *, force: bool = False) -> None:
-        """Raise unless `drop_replica(name, force=force)` would be accepted."""
-        replica = self._replica(name)
-        remaining = sum(1 for h in self.health() if h.in_sync and h.name != name)
-        if not force and self.options.min_in_sync > 0 and remaining < self.options.min_in_sync and self._in_sync(replica):
+        """Raise unless `drop_replica(name, force=force)` would be accepted: unforced, an
+        in-sync replica may go only if `min_in_sync` others stay in sync.
+
+        What counts is being in sync for every dataflow *some* replica serves
+        (`ReplicaHealth.in_sync_where_served`): a dataflow that failed on every replica
+        (or is not hydrated anywhere yet) would otherwise put every replica out of sync,
+        and the guard would let the last replicas serving everything else go unforced."""
+        self._replica(name)
+        health = {h.name: h for h in self.health()}
+        remaining = sum(1 for h in health.values() if h.in_sync_where_served and h.name != name)
+        if not force and self.options.min_in_sync > 0 and remaining < self.options.min_in_sync and health[name].in_sync_where_served:
             raise InstanceError(
                 "FAILED_PRECONDITION",
                 f"dropping replica {name!r} would leave {remaining} in-sync replica(s), below "
@@ -373,6 +387,7 @@ class ComputeInstance:
             replica.session.detached_ms = self.now_ms
         replica.phase = "failed"
         replica.status = None
+        replica.dataflow_status = {}
         return [Disconnect(name, epoch), *self.maintain()]
 
     def _replica(self, name: str) -> ReplicaState:
@@ -395,6 +410,7 @@ class ComputeInstance:
         if isinstance(response, PeekResponse):
             return self._peek_response(replica, response)
         replica.status = response
+        replica.dataflow_status = {d.id: d for d in response.dataflows}
         return []
 
     def _frontiers(self, replica: ReplicaState, response: FrontiersResponse) -> list[Effect]:
@@ -695,25 +711,90 @@ class ComputeInstance:
 
     # --- Health -----------------------------------------------------------------------
 
-    def _lag_ms(self, replica: ReplicaState) -> int | None:
-        lag = 0
-        for id, collection in self.collections.items():
-            if collection.since.is_empty:
+    def _dataflow_error(self, replica: ReplicaState, key: str) -> str | None:
+        """The error with which `replica` last reported dataflow `key` failed, if it did."""
+        status = replica.dataflow_status.get(key)
+        return None if status is None else status.error
+
+    def _hydrated(self, replica: ReplicaState, id: str) -> bool:
+        """`replica` computed collection `id` past the as_of it was given: a replica added
+        or rehydrated late is replayed the dataflow at its since, and reports that as_of
+        at once. A dropped export (empty since) no longer counts."""
+        collection = self.collections[id]
+        if collection.since.is_empty:
+            return True
+        frontier = replica.frontiers.get(id)
+        return frontier is not None and frontier > replica.as_ofs.get(id, collection.as_of)
+
+    def _why_not_serving(self, replica: ReplicaState, key: str) -> str | None:
+        """Why `replica` cannot answer reads of dataflow `key` now; None when it can: it is
+        active, has not reported the dataflow failed, and is hydrated for every export.
+        (Replica-wide errors stop progress, not reads of what it holds.)"""
+        if replica.phase != "active":
+            return f"{replica.name} is {replica.phase}"
+        error = self._dataflow_error(replica, key)
+        if error is not None:
+            return f"failed on {replica.name}: {error}"
+        if not all(self._hydrated(replica, id) for id in self.dataflows[key].export_ids):
+            return f"not hydrated on {replica.name}"
+        return None
+
+    def _unservable(self) -> dict[str, str]:
+        """Dataflow key -> why no replica can serve it (each replica's reason), for every
+        dataflow with a readable export."""
+        result = {}
+        for key, dataflow in self.dataflows.items():
+            if all(self.collections[id].since.is_empty for id in dataflow.export_ids):
                 continue
-            frontier = replica.frontiers.get(id)
-            # Hydrated past the as_of it was given: a replica added or rehydrated late
-            # is replayed the dataflow at its since, and reports that as_of at once.
-            if frontier is None or not (frontier > replica.as_ofs.get(id, collection.as_of)):
-                return None
-            if not collection.write_frontier.is_empty:
-                lag = max(lag, collection.write_frontier.time - (frontier.time if not frontier.is_empty else collection.write_frontier.time))
+            reasons = []
+            for replica in self.replicas.values():
+                reason = self._why_not_serving(replica, key)
+                if reason is None:
+                    break
+                reasons.append(reason)
+            else:
+                result[key] = "; ".join(reasons) or "no replicas"
+        return result
+
+    def unavailable_dataflows(self) -> dict[str, str]:
+        """Live dataflow name -> why no replica can serve it, e.g. "failed on r1: ...;
+        not hydrated on r2"."""
+        unservable = self._unservable()
+        return {name: unservable[key] for name, key in self.names.items() if key in unservable}
+
+    def _lag_ms(self, replica: ReplicaState, excused: Iterable[str] = ()) -> int | None:
+        """The most `replica` lags W over the exports of every dataflow not `excused`;
+        None when it is not hydrated for one of them (the lag is unbounded)."""
+        lag = 0
+        for key, dataflow in self.dataflows.items():
+            if key in excused:
+                continue
+            for id in dataflow.export_ids:
+                if self.collections[id].since.is_empty:
+                    continue
+                if not self._hydrated(replica, id):
+                    return None
+                write, frontier = self.collections[id].write_frontier, replica.frontiers.get(id)
+                if frontier is not None and not write.is_empty:
+                    lag = max(lag, write.time - (write.time if frontier.is_empty else frontier.time))
         return lag
 
-    def _in_sync(self, replica: ReplicaState) -> bool:
-        lag = self._lag_ms(replica)
-        return replica.phase == "active" and lag is not None and lag <= self.options.max_lag_ms
+    def _in_sync(self, replica: ReplicaState, excused: Iterable[str] = ()) -> bool:
+        """Active, no replica-wide errors, and for every dataflow not `excused`: not failed
+        on it, hydrated, and within `max_lag_ms` of W."""
+        if replica.phase != "active" or (replica.status is not None and replica.status.errors):
+            return False
+        if any(self._dataflow_error(replica, key) is not None for key in self.dataflows if key not in excused):
+            return False
+        lag = self._lag_ms(replica, excused)
+        return lag is not None and lag <= self.options.max_lag_ms
 
     def health(self) -> list[ReplicaHealth]:
+        """Each replica's health. `in_sync` is strict: a replica with a failed dataflow is
+        not in sync, even where no replica can serve that dataflow. `in_sync_where_served`
+        excuses the dataflows no replica serves: it is what `min_in_sync` counts when a
+        replica is dropped (see `check_drop_replica`)."""
+        excused = self._unservable()
         result = []
         for replica in self.replicas.values():
             lag = self._lag_ms(replica) if replica.phase == "active" else None
@@ -723,7 +804,8 @@ class ComputeInstance:
                     replica.epoch,
                     replica.phase,
                     hydrated=lag is not None,
-                    in_sync=replica.phase == "active" and lag is not None and lag <= self.options.max_lag_ms,
+                    in_sync=self._in_sync(replica),
+                    in_sync_where_served=self._in_sync(replica, excused),
                     lag_ms=lag,
                     peeks_won=replica.peeks_won,
                 )
@@ -731,8 +813,18 @@ class ComputeInstance:
         return result
 
     def state(self) -> Literal["healthy", "degraded", "unavailable"]:
+        """`healthy` when at least `min_in_sync` replicas (and at least one) are strictly
+        in sync, which implies every dataflow serves; `unavailable` when no replica is in
+        sync and no dataflow serves anywhere; `degraded` otherwise, e.g. when a dataflow
+        failed on every replica while the others serve (`unavailable_dataflows` names it)."""
         in_sync = sum(1 for h in self.health() if h.in_sync)
-        if in_sync == 0:
-            return "unavailable"
-        return "healthy" if in_sync >= self.options.min_in_sync else "degraded"
-
+        if in_sync >= max(1, self.options.min_in_sync):
+            return "healthy"
+        if in_sync:
+            return "degraded"
+        serving = any(
+            self._why_not_serving(r, key) is None
+            for key in self.names.values()
+            for r in self.replicas.values()
+        )
+        return "degraded" if serving else "unavailable"

@@ -270,7 +270,9 @@ class Controller:
             await self.add_replica(instance, name, size=size)
             added.append(name)
         deadline = time.monotonic() + timeout_ms / 1000
-        while not all(h.in_sync for h in driver.instance.health() if h.name in added):
+        # In sync where any replica serves, as drop_replica counts: a dataflow that failed
+        # on every replica must not hold the resize up (a larger size may be its cure).
+        while not all(h.in_sync_where_served for h in driver.instance.health() if h.name in added):
             if time.monotonic() > deadline:
                 raise ControllerError("DEADLINE_EXCEEDED", f"the new {size} replicas {added} did not get in sync within {timeout_ms} ms; the old replicas are kept")
             await asyncio.sleep(RESIZE_POLL_S)

@@ -1231,9 +1231,11 @@ class Simulation:
             return
         name = self.rng.choice(self.replica_names)
         force = self.rng.random() < 0.3
-        others = sum(1 for h in self.instance.health() if h.in_sync and h.name != name)
-        own = next(h for h in self.instance.health() if h.name == name)
-        if not force and own.in_sync and others < self.options.min_in_sync:
+        # min_in_sync counts replicas in sync for every dataflow some replica serves.
+        health = self.instance.health()
+        others = sum(1 for h in health if h.in_sync_where_served and h.name != name)
+        own = next(h for h in health if h.name == name)
+        if not force and own.in_sync_where_served and others < self.options.min_in_sync:
             self.refused("FAILED_PRECONDITION", self.instance.drop_replica, name)
             return
         self.event(f"drop_replica {name} force={force}")

@@ -42,6 +42,7 @@ from history import (
     CreateDataflow,
     CreateInstance,
     DataflowDescription,
+    DataflowStatus,
     Frontier,
     FrontiersResponse,
     Import,
@@ -419,6 +420,82 @@ def test_drop_replica_is_refused_below_min_in_sync_without_force():
     assert instance.drop_replica("r2")[0] == Disconnect("r2", 1)  # not in sync: allowed
     assert instance.drop_replica("r1", force=True)[0] == Disconnect("r1", 1)
     assert instance.replicas == {} and instance.state() == "unavailable"
+
+
+def status(instance: ComputeInstance, name: str, *failed: tuple[str, str], errors=()) -> list:
+    """Replica `name` reports a heartbeat: dataflows (id, error) failed, the rest fine."""
+    epoch = instance.replicas[name].epoch
+    dataflows = tuple(DataflowStatus(id, hydrated=False, error=error) for id, error in failed)
+    return instance.handle_response(name, epoch, StatusResponse(1, dataflows, errors=tuple(errors)))
+
+
+def two_replicas_serving(*ids: str, **options) -> ComputeInstance:
+    """Replicas r1 and r2, both hydrated and in sync for dataflows `ids`."""
+    instance = new_instance(**options)
+    connect(instance, "r1")
+    connect(instance, "r2")
+    for id in ids:
+        instance.create_dataflow(dataflow(id))
+        for name in ("r1", "r2"):
+            report(instance, name, id, 10)
+    assert instance.state() == "healthy"
+    return instance
+
+
+def test_a_replica_with_a_failed_dataflow_is_not_in_sync():
+    instance = two_replicas_serving("u2", "u3")
+
+    status(instance, "r1", ("u2", "division by zero"))
+
+    health = {h.name: h for h in instance.health()}
+    assert not health["r1"].in_sync and health["r2"].in_sync
+    assert instance.state() == "healthy" and instance.unavailable_dataflows() == {}
+    status(instance, "r1")  # a later heartbeat without the error: in sync again
+    assert all(h.in_sync for h in instance.health())
+
+
+def test_replica_wide_errors_put_a_replica_out_of_sync_but_it_still_serves():
+    instance = two_replicas_serving("u2")
+    status(instance, "r1", errors=["no live executors"])
+    assert [h.in_sync for h in instance.health()] == [False, True]
+    status(instance, "r2", errors=["no live executors"])
+
+    # Nothing is in sync, but both hold hydrated indexes that answer peeks.
+    assert instance.state() == "degraded" and instance.unavailable_dataflows() == {}
+
+
+def test_a_dataflow_failed_everywhere_degrades_the_instance_and_is_named():
+    instance = two_replicas_serving("u2", "u3", min_in_sync=2)
+
+    status(instance, "r1", ("u2", "boom on r1"))
+    status(instance, "r2", ("u2", "boom on r2"))
+
+    assert instance.state() == "degraded"  # u3 still serves: not unavailable
+    assert instance.unavailable_dataflows() == {"df_u2": "failed on r1: boom on r1; failed on r2: boom on r2"}
+    health = instance.health()
+    assert not any(h.in_sync for h in health)
+    # min_in_sync counts replicas in sync where some replica serves: the failed dataflow
+    # does not let the last replicas serving u3 go unforced.
+    assert all(h.in_sync_where_served for h in health)
+    before = snapshot(instance)
+    with pytest.raises(InstanceError) as refused:
+        instance.drop_replica("r1")
+    assert refused.value.code == "FAILED_PRECONDITION" and snapshot(instance) == before
+
+
+def test_a_dataflow_hydrating_everywhere_degrades_and_nothing_serving_is_unavailable():
+    instance = two_replicas_serving("u2")
+    instance.create_dataflow(dataflow("u3", as_of=10))
+
+    assert instance.state() == "degraded"
+    assert instance.unavailable_dataflows() == {"df_u3": "not hydrated on r1; not hydrated on r2"}
+    instance.replica_failed("r2", 1, "stream broken")
+    assert instance.unavailable_dataflows() == {"df_u3": "not hydrated on r1; r2 is connecting"}
+
+    status(instance, "r1", ("u2", "boom"))  # now nothing serves anywhere
+
+    assert instance.state() == "unavailable"
+    assert instance.unavailable_dataflows()["df_u2"] == "failed on r1: boom; r2 is connecting"
 
 
 def test_a_peek_below_since_is_refused_and_changes_nothing():
