@@ -10,8 +10,11 @@ instance can be driven by simulated replicas with seeded faults.
 Rules (DESIGN section 6):
 - A command is pushed to the history *before* it is sent, so the history exists with
   zero replicas and a (re)connecting replica is brought up by replaying it.
-- The first response to a peek wins: the caller gets it, `CancelPeek` goes to every
-  replica (and into the history), then the peek's read holds are released.
+- The first response to a peek with rows wins: the caller gets it, `CancelPeek` goes to
+  every replica (and into the history), then the peek's read holds are released. An
+  error never wins while another replica may still answer: errors answer a peek only
+  once every active replica has answered it with an error (or reported its dataflow
+  failed), or no active replica is left, and then together, naming each replica.
 - `W(c)` is the max of the replicas' write frontiers; a report below the known value is
   ignored. `since(c)` is the min of the holds on c and only advances; when it does,
   `AllowCompaction{c, since}` is sent and c's holds on its inputs follow.
@@ -52,6 +55,7 @@ from history import (
     PeekError,
     PeekResponse,
     PeekResult,
+    PeekTarget,
     Resume,
     Schedule,
     StatusResponse,
@@ -229,8 +233,17 @@ class DataflowState:
 
 @dataclass(slots=True)
 class PendingPeek:
+    """A peek no one has answered yet.
+
+    Lifecycle of `errors`: replica name -> (its epoch, the message) of each `PeekError`
+    answer, added as they come. An entry of an earlier epoch no longer stands for that
+    replica's answer (its next incarnation gets the peek again), but still names it in
+    the error that answers the peek.
+    """
+
     peek: Peek
     issued_ms: int
+    errors: dict[str, tuple[int, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,7 +324,8 @@ class ComputeInstance:
     def drop_replica(self, name: str, *, force: bool = False) -> list[Effect]:
         self.check_drop_replica(name, force=force)
         replica = self.replicas.pop(name)
-        return [Disconnect(name, replica.epoch), *self._update_holds()]
+        # maintain: its holds go, and peeks it was the last hope for are answered.
+        return [Disconnect(name, replica.epoch), *self.maintain()]
 
     def replica_connected(self, name: str, epoch: int, nonce: str, resumed: bool = False, applied: int = 0) -> list[Effect]:
         """The driver's connection of `epoch` (opened with `nonce`) is up: the replica
@@ -411,7 +425,9 @@ class ComputeInstance:
             return self._peek_response(replica, response)
         replica.status = response
         replica.dataflow_status = {d.id: d for d in response.dataflows}
-        return []
+        # A dataflow reported failed answers no read: peeks that waited for this replica
+        # may now be answered by errors.
+        return self._answer_failed_peeks() if any(d.error is not None for d in response.dataflows) else []
 
     def _frontiers(self, replica: ReplicaState, response: FrontiersResponse) -> list[Effect]:
         collection = self.collections.get(response.id)
@@ -430,8 +446,51 @@ class ComputeInstance:
         if pending is None or isinstance(response.result, PeekCanceled):
             self.late_peek_responses += pending is None
             return []
+        if isinstance(response.result, PeekError):
+            pending.errors[replica.name] = (replica.epoch, response.result.message)
+            return self._answer_failed_peeks([response.uuid])
         replica.peeks_won += 1
         return self._finish_peek(response.uuid, response.result, replica.name)
+
+    def _peek_failure(self, pending: PendingPeek) -> str | None:
+        """The error that answers `pending` now, naming each replica and its error; None
+        while an active replica may still answer with rows: one that has neither
+        answered this peek with an error in its current incarnation nor reports a
+        target's dataflow failed. Failed, connecting and dropped replicas do not count
+        (a replica that becomes active gets the peek through the history), but the
+        errors they answered are named."""
+        errors = {name: message for name, (_, message) in pending.errors.items()}
+        for replica in self.replicas.values():
+            if replica.phase != "active":
+                continue
+            answered = pending.errors.get(replica.name)
+            if answered is not None and answered[0] == replica.epoch:
+                continue
+            failed = self._target_failure(replica, pending.peek.target)
+            if failed is None:
+                return None
+            errors[replica.name] = failed
+        return "; ".join(f"replica {name}: {message}" for name, message in sorted(errors.items())) or None
+
+    def _target_failure(self, replica: ReplicaState, target: PeekTarget) -> str | None:
+        """Why `replica` can only answer a read of `target` with an error: it reports a
+        target's dataflow failed (worded as the replica words its peek errors)."""
+        for id in target.collection_ids:
+            key = self.collections[id].dataflow
+            error = self._dataflow_error(replica, key)
+            if error is not None:
+                return f"dataflow {self.dataflows[key].desc.name} failed: {error}"
+        return None
+
+    def _answer_failed_peeks(self, uuids: Iterable[str] | None = None) -> list[Effect]:
+        """Answer each pending peek of `uuids` (None: all) that only errors can answer."""
+        effects: list[Effect] = []
+        for uuid in list(self.peeks if uuids is None else uuids):
+            pending = self.peeks.get(uuid)
+            failure = None if pending is None else self._peek_failure(pending)
+            if failure is not None:
+                effects += self._finish_peek(uuid, PeekError(failure), None)
+        return effects
 
     def _finish_peek(self, uuid: str, result: PeekResult, replica: str | None) -> list[Effect]:
         """Answer, then cancel everywhere, then release the read holds: in that order."""
@@ -534,7 +593,9 @@ class ComputeInstance:
         return collection.since.time if write.is_empty else max(write.step_back().time, collection.since.time)
 
     def peek(self, peek: Peek) -> list[Effect]:
-        """Issue a peek. Precondition (checked): every target is readable at its time."""
+        """Issue a peek. Preconditions (checked): every target is readable at its time,
+        and not every active replica reports a target's dataflow failed (that read could
+        only fail: it is refused at once, naming each replica's error)."""
         if peek.uuid in self.peeks:
             raise InstanceError("ALREADY_EXISTS", f"peek {peek.uuid} is already pending")
         for id in peek.target.collection_ids:
@@ -543,6 +604,9 @@ class ComputeInstance:
                 raise InstanceError(
                     "FAILED_PRECONDITION", f"cannot read {id} at {peek.timestamp}: it is compacted to since {collection.since}"
                 )
+        failure = self._peek_failure(PendingPeek(peek, self.now_ms))
+        if failure is not None:
+            raise InstanceError("FAILED_PRECONDITION", failure)
         for id in peek.target.collection_ids:
             self.collections[id].holds[f"peek:{peek.uuid}"] = Frontier(peek.timestamp)
         self.peeks[peek.uuid] = PendingPeek(peek, self.now_ms)
@@ -588,7 +652,7 @@ class ComputeInstance:
     def maintain(self) -> list[Effect]:
         """Idempotent steps that bring the instance to where its state says it should be."""
         effects: list[Effect] = []
-        for step in (self._rehydrate_failed, self._update_holds, self._schedule, self._clean_up):
+        for step in (self._rehydrate_failed, self._answer_failed_peeks, self._update_holds, self._schedule, self._clean_up):
             effects += step()
         return effects
 
@@ -758,7 +822,8 @@ class ComputeInstance:
 
     def unavailable_dataflows(self) -> dict[str, str]:
         """Live dataflow name -> why no replica can serve it, e.g. "failed on r1: ...;
-        not hydrated on r2"."""
+        not hydrated on r2". A peek of one that every active replica reports failed is
+        refused at once (see `peek`)."""
         unservable = self._unservable()
         return {name: unservable[key] for name, key in self.names.items() if key in unservable}
 

@@ -28,7 +28,8 @@ What is modelled:
   catalog record. A broken stream is reported with `replica_failed`.
 - **Faults** (seeded): crash (state and connection lost, back after a while), hang (no
   messages at all, heartbeats included), slow (every delay 10x), duplicate responses,
-  late responses (what was in flight on a closed connection arrives after the reconnect,
+  peek errors (for a while, half the peeks it answers get an error instead), late
+  responses (what was in flight on a closed connection arrives after the reconnect,
   tagged with the old epoch) and controller restart (a new `ComputeInstance` rebuilt from
   the catalog record: live dataflows with `as_of` = their last recorded since, then the
   replicas, which keep their state and reconcile).
@@ -46,7 +47,9 @@ reading it; the history stays within twice the live bound at the last reduction,
 reduction within `3 + pending peeks + sum over dataflows of (1 + exports)`; health is one
 of healthy/degraded/unavailable; a replica called hydrated has computed every live
 dataflow; no replica ever computes from an over-compacted input or refuses a peek; every
-answer equals the reference answer and no peek is answered twice. At the end
+answer equals the reference answer and no peek is answered twice; an error answers a peek
+only if every active replica answered it with an error in its current incarnation, and
+it names each replica that did. At the end
 (`check_final`): every peek answered exactly once (none, for peeks pending when the
 controller restarted: their client saw the connection fail), the instance healthy, every
 replica connected at its epoch and running exactly the live dataflows, and every storage
@@ -308,6 +311,7 @@ class SimReplica:
         self.slow_until = 0
         self.duplicate_until = 0
         self.late_until = 0
+        self.erring_until = 0  # answers peeks with errors, now and then, while set
         self.retired = False  # dropped from the instance: the process is gone
         self.running: dict[str, Running] = {}  # first export id -> dataflow
         self.owner: dict[str, str] = {}  # export id -> first export id
@@ -584,7 +588,10 @@ class SimReplica:
 
     def _answer_peeks(self, conn: SimConnection, now: int) -> None:
         for uuid, peek in list(conn.pending.items()):
-            result = self._peek_result(peek)
+            if now < self.erring_until and self.sim.rng.random() < 0.5:
+                result: PeekRows | PeekError | None = PeekError(f"simulated failure on {self.name}")
+            else:
+                result = self._peek_result(peek)
             if result is not None:
                 del conn.pending[uuid]
                 self._send(conn, now, PeekResponse(uuid, result))
@@ -693,6 +700,8 @@ class Simulation:
         self.late: list[tuple[int, str, int, ComputeResponse]] = []  # (when, name, epoch, response)
         # Client.
         self.peeks: dict[str, IssuedPeek] = {}
+        # Peek uuid -> (replica, epoch) of each error answer the instance took.
+        self.peek_errors: dict[str, set[tuple[str, int]]] = {}
         self.next_id = 2  # u1 is the source
         self.floor: dict[str, int] = {}  # export id -> its since before a controller restart
         self.next_replica = 1
@@ -753,7 +762,7 @@ class Simulation:
         for replica in self.replicas.values():
             replica.hung_until = replica.slow_until = replica.duplicate_until = (
                 replica.late_until
-            ) = 0
+            ) = replica.erring_until = 0
             if replica.down_until is not None:
                 replica.down_until = self.now
         while len(self.instance.replicas) < max(1, self.options.min_in_sync):
@@ -879,10 +888,31 @@ class Simulation:
                     f"{effect.replica}: {result.arrow_ipc[:200]!r}, expected {expected[:200]!r}"
                 )
             self.stats["peeks answered"] += 1
+            if effect.uuid in self.peek_errors:
+                self.stats["peeks answered with rows after an error"] += 1
         elif isinstance(result, PeekError) and effect.replica is None and issued.cancelled:
             self.stats["peeks cancelled by the client"] += 1
+        elif isinstance(result, PeekError) and effect.replica is None:
+            self._check_error_answer(effect.uuid, result.message)
+            self.stats["peeks answered with errors"] += 1
         else:
             self.fail(f"peek {effect.uuid} answered with {result!r} from {effect.replica}")
+
+    def _check_error_answer(self, uuid: str, message: str) -> None:
+        """An error answers a peek only if every active replica answered it with an
+        error (in its current incarnation), and the answer names each replica that did."""
+        errored = self.peek_errors.get(uuid, set())
+        if not errored:
+            self.fail(f"peek {uuid} answered with errors no replica gave: {message}")
+        for replica in self.instance.replicas.values():
+            if replica.phase == "active" and (replica.name, replica.epoch) not in errored:
+                self.fail(
+                    f"peek {uuid} answered with errors ({message}) while replica "
+                    f"{replica.name} (epoch {replica.epoch}) could still answer it"
+                )
+        for name, _ in errored:
+            if f"replica {name}: " not in message:
+                self.fail(f"peek {uuid}: the error answer does not name {name}: {message}")
 
     def _storage_hold(self, effect: StorageHold) -> None:
         key = (effect.id, effect.holder)
@@ -961,7 +991,19 @@ class Simulation:
         for name, conn in list(self.conns.items()):
             while conn.open and conn.outbound and conn.outbound[0][0] <= self.now:
                 _, response = conn.outbound.popleft()
+                self._note_peek_error(name, conn.epoch, response)
                 self.call(self.instance.handle_response, name, conn.epoch, response)
+
+    def _note_peek_error(self, name: str, epoch: int, response: ComputeResponse) -> None:
+        """Record a peek error the instance takes as replica `name`'s answer in `epoch`."""
+        replica = self.instance.replicas.get(name)
+        if (
+            isinstance(response, PeekResponse)
+            and isinstance(response.result, PeekError)
+            and replica is not None
+            and (replica.epoch, replica.phase) == (epoch, "active")
+        ):
+            self.peek_errors.setdefault(response.uuid, set()).add((name, epoch))
 
     def _deliver_late(self) -> None:
         while self.late and self.late[0][0] <= self.now:
@@ -970,6 +1012,7 @@ class Simulation:
             if current is not None and current.epoch == epoch and current.phase == "active":
                 # The controller has not noticed the broken stream yet: for it, this is
                 # an ordinary response of the current connection.
+                self._note_peek_error(name, epoch, response)
                 self.call(self.instance.handle_response, name, epoch, response)
                 continue
             self.stats["late responses delivered"] += 1
@@ -990,7 +1033,9 @@ class Simulation:
         if rng.random() >= self.options.fault_rate or not self.replica_names:
             return
         replica = self.replicas[rng.choice(self.replica_names)]
-        kind = rng.choices(("crash", "hang", "slow", "duplicate", "late"), (3, 3, 3, 2, 2))[0]
+        kind = rng.choices(
+            ("crash", "hang", "slow", "duplicate", "late", "peek errors"), (3, 3, 3, 2, 2, 3)
+        )[0]
         self.stats[f"fault {kind}"] += 1
         self.event(f"fault {kind} {replica.name}")
         if kind == "crash":
@@ -1001,6 +1046,8 @@ class Simulation:
             replica.slow_until = self.now + rng.randint(1_000, 8_000)
         elif kind == "duplicate":
             replica.duplicate_until = self.now + rng.randint(1_000, 5_000)
+        elif kind == "peek errors":
+            replica.erring_until = self.now + rng.randint(500, 4_000)
         else:
             # A congested link that then breaks: what was in flight arrives after the
             # reconnect, tagged with the old epoch.

@@ -3,14 +3,15 @@
 The random runs drive the instance with `simulation.Simulation`: a client workload
 (dataflows, some importing others' indexes; serializable, explicit-time and SQL peeks;
 drops; replica adds and drops; refused commands) interleaved with crashes, hangs, slow
-replicas, duplicate and late responses and controller restarts. After every call into
-the instance the simulator checks that W, every replica's frontier and every since never
-regress, that no since passes a hold, that an input's since never passes the write
-frontier an active replica reported for a dataflow reading it, that the history stays
-bounded, and that a replica called hydrated has computed; every peek answer must equal
-the reference answer at the peek's time. At the end faults stop, the system quiesces,
-every peek must have been answered exactly once and the instance must be healthy with
-every replica running exactly the live dataflows.
+replicas, duplicate and late responses, peeks answered with errors and controller
+restarts. After every call into the instance the simulator checks that W, every
+replica's frontier and every since never regress, that no since passes a hold, that an
+input's since never passes the write frontier an active replica reported for a dataflow
+reading it, that the history stays bounded, and that a replica called hydrated has
+computed; every peek answer must equal the reference answer at the peek's time, and an
+error may answer a peek only once every active replica has answered it with one. At the
+end faults stop, the system quiesces, every peek must have been answered exactly once
+and the instance must be healthy with every replica running exactly the live dataflows.
 
 The stories below pin down one rule each; the ones named after a bug were first found by
 a seed of the random runs and then minimized.
@@ -51,6 +52,7 @@ from history import (
     InitializationComplete,
     Peek,
     PeekCanceled,
+    PeekError,
     PeekResponse,
     PeekRows,
     Resume,
@@ -498,6 +500,88 @@ def test_a_dataflow_hydrating_everywhere_degrades_and_nothing_serving_is_unavail
     assert instance.unavailable_dataflows()["df_u2"] == "failed on r1: boom; r2 is connecting"
 
 
+def peek_error(instance: ComputeInstance, name: str, uuid: str, message: str) -> list:
+    epoch = instance.replicas[name].epoch
+    return instance.handle_response(name, epoch, PeekResponse(uuid, PeekError(message)))
+
+
+def answers(effects: list) -> list[PeekDone]:
+    return [e for e in effects if isinstance(e, PeekDone)]
+
+
+def test_an_error_does_not_answer_a_peek_another_replica_may_answer():
+    instance = two_replicas_serving("u2")
+    instance.peek(Peek("p1", IndexTarget("u2"), 9))
+
+    assert peek_error(instance, "r1", "p1", "out of memory") == []  # r2 may still answer
+
+    effects = instance.handle_response("r2", 1, PeekResponse("p1", rows("from r2")))
+    assert answers(effects) == [PeekDone("p1", rows("from r2"), "r2")]
+
+
+def test_errors_answer_a_peek_once_every_active_replica_answered_one():
+    instance = two_replicas_serving("u2")
+    instance.peek(Peek("p1", IndexTarget("u2"), 9))
+    peek_error(instance, "r2", "p1", "dataflow df_u2 failed: boom")
+
+    effects = peek_error(instance, "r1", "p1", "out of memory")
+
+    message = "replica r1: out of memory; replica r2: dataflow df_u2 failed: boom"
+    assert effects[0] == PeekDone("p1", PeekError(message), None)
+    assert sent(effects[1:3]) == [CancelPeek("p1"), CancelPeek("p1")]  # then the holds go
+    assert instance.peeks == {} and "peek:p1" not in instance.collections["u2"].holds
+    assert instance.replicas["r1"].peeks_won == instance.replicas["r2"].peeks_won == 0
+
+
+@pytest.mark.parametrize("leaves", ["fails", "is dropped"])
+def test_an_error_answers_a_peek_once_no_other_active_replica_is_left(leaves: str):
+    instance = two_replicas_serving("u2")
+    instance.peek(Peek("p1", IndexTarget("u2"), 9))
+    peek_error(instance, "r1", "p1", "out of memory")
+
+    if leaves == "fails":
+        effects = instance.replica_failed("r2", 1, "stream broken")
+    else:
+        effects = instance.drop_replica("r2", force=True)
+
+    assert answers(effects) == [PeekDone("p1", PeekError("replica r1: out of memory"), None)]
+
+
+def test_a_replica_that_becomes_active_while_a_peek_waits_must_answer_it_too():
+    instance = two_replicas_serving("u2")
+    instance.peek(Peek("p1", IndexTarget("u2"), 9))
+    peek_error(instance, "r1", "p1", "out of memory")
+    instance.replica_failed("r1", 1, "stream broken")
+    replay = connect(instance, "r1")  # its next incarnation gets the peek again ...
+    assert Peek("p1", IndexTarget("u2"), 9) in replay
+    replay = connect(instance, "r3")  # ... and so does a new replica
+    assert Peek("p1", IndexTarget("u2"), 9) in replay
+
+    assert peek_error(instance, "r2", "p1", "timed out") == []  # r1 (again) and r3 may answer
+    assert peek_error(instance, "r3", "p1", "timed out") == []
+    effects = peek_error(instance, "r1", "p1", "out of memory again")
+
+    message = "replica r1: out of memory again; replica r2: timed out; replica r3: timed out"
+    assert answers(effects) == [PeekDone("p1", PeekError(message), None)]
+
+
+def test_a_peek_of_a_dataflow_every_replica_reports_failed_fails_at_once():
+    instance = two_replicas_serving("u2", "u3")
+    instance.peek(Peek("p1", IndexTarget("u2"), 9))
+    assert status(instance, "r1", ("u2", "boom")) == []  # r2 may still answer p1
+
+    effects = status(instance, "r2", ("u2", "bang"))
+
+    message = "replica r1: dataflow df_u2 failed: boom; replica r2: dataflow df_u2 failed: bang"
+    assert answers(effects) == [PeekDone("p1", PeekError(message), None)]
+    before = snapshot(instance)
+    with pytest.raises(InstanceError) as refused:
+        instance.peek(Peek("p2", IndexTarget("u2"), 9))
+    assert (refused.value.code, str(refused.value)) == ("FAILED_PRECONDITION", message)
+    assert snapshot(instance) == before
+    instance.peek(Peek("p3", IndexTarget("u3"), 9))  # the other dataflow serves
+
+
 def test_a_peek_below_since_is_refused_and_changes_nothing():
     instance = new_instance()
     connect(instance, "r1")
@@ -711,11 +795,14 @@ def test_random_runs_exercise_every_fault():
         "fault slow",
         "fault duplicate",
         "fault late",
+        "fault peek errors",
         "controller restarts",
         "duplicated",
         "late responses delivered",
         "peeks answered",
         "peeks cancelled by the client",
+        "peeks answered with errors",  # every active replica answered with an error
+        "peeks answered with rows after an error",  # an error did not win
         "refused peek",
         "refused create_dataflow",
         "refused drop_dataflow",
@@ -745,3 +832,17 @@ def test_the_simulator_catches_a_wrong_answer(monkeypatch):
     )
     with pytest.raises(SimulationFailure, match="answered by"):
         run_seed(0)
+
+
+def test_the_simulator_catches_an_error_that_wins_a_read(monkeypatch):
+    """An instance that lets the first error answer a peek, while another active replica
+    could still answer it with rows, is caught."""
+
+    def first_error_wins(self, pending):
+        errors = sorted(pending.errors.items())
+        return "; ".join(f"replica {name}: {message}" for name, (_, message) in errors) or None
+
+    monkeypatch.setattr(ComputeInstance, "_peek_failure", first_error_wins)
+    with pytest.raises(SimulationFailure, match="could still answer it"):
+        for seed in range(1, 20):
+            run_seed(seed, **options(seed))
