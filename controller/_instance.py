@@ -80,11 +80,14 @@ class Send:
 class Connect:
     """Open a connection to `replica` for incarnation `epoch` (retrying with backoff),
     offering to `resume` its session, and report `replica_connected` with the replica's
-    answer to the `Hello`."""
+    answer to the `Hello`. `failures` counts the replica's incarnations that failed in a
+    row before this one: the connection numbers its attempts on from there, so that a
+    process that keeps failing is replaced (see `runtime._replica_address`)."""
 
     replica: str
     epoch: int
     resume: Resume | None = None
+    failures: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,8 +149,23 @@ class InstanceOptions:
     # Commands kept as pushed: a replica that missed no more than these since its stream
     # broke is caught up with just those (near-horizon).
     resume_window: int = RECENT_COMMANDS
+    # Backoff across incarnations (see `retry_delay_ms`); a replica active for
+    # `stable_ms` has its consecutive failures forgotten.
+    retry_base_ms: int = 500
+    retry_max_ms: int = 30_000
+    stable_ms: int = 60_000
+
+    def retry_delay_ms(self, failures: int) -> int:
+        """How long a replica that failed `failures` times in a row waits before its next
+        incarnation connects: not at all after one failure (a live process resumes its
+        session at once), then `retry_base_ms` doubling per failure, at most
+        `retry_max_ms`. A pure schedule: the instance waits for `tick` to pass it."""
+        if failures <= 1:
+            return 0
+        return min(self.retry_max_ms, self.retry_base_ms * 2 ** min(failures - 2, 32))
 
 
+# failed: waiting (until `retry_at_ms`) to connect its next incarnation.
 ReplicaPhase = Literal["connecting", "active", "failed"]
 
 
@@ -196,6 +214,9 @@ class ReplicaState:
     last_heard_ms: int = 0
     peeks_won: int = 0
     failures: int = 0
+    consecutive_failures: int = 0  # since it last stayed active for `stable_ms`
+    retry_at_ms: int = 0  # while failed: when its next incarnation connects
+    active_since_ms: int | None = None  # while active
     last_failure: str = ""
     status: StatusResponse | None = None
     dataflow_status: dict[str, DataflowStatus] = field(default_factory=dict)
@@ -337,7 +358,7 @@ class ComputeInstance:
         if resumed:
             return self._resume(replica, nonce, applied)
         replica.phase = "active"
-        replica.last_heard_ms = self.now_ms
+        replica.active_since_ms = replica.last_heard_ms = self.now_ms
         replica.replays += 1
         # The history itself is not reduced here: that would move its horizon under
         # other replicas whose resumes are in flight.
@@ -364,7 +385,7 @@ class ComputeInstance:
         in_suffix = {c.uuid for c in suffix if isinstance(c, Peek)}
         resent = [p.peek for p in self.peeks.values() if p.peek.uuid not in in_suffix]
         replica.phase = "active"
-        replica.last_heard_ms = self.now_ms
+        replica.active_since_ms = replica.last_heard_ms = self.now_ms
         replica.resumes += 1
         # The resent peeks are commands the history does not count: re-base the mapping
         # on where the suffix starts, so that a session cut again partway through it can
@@ -383,8 +404,11 @@ class ComputeInstance:
                     replica.as_ofs[id] = command.desc.as_of
 
     def replica_failed(self, name: str, epoch: int, reason: str) -> list[Effect]:
-        """A broken stream, a refused send, or silence: rehydrate the replica as a new
-        incarnation (epoch + 1), which offers to resume its session.
+        """A broken stream, a refused send or `Hello`, or silence: rehydrate the replica
+        as a new incarnation (epoch + 1), which offers to resume its session. It connects
+        at once after a first failure, and backs off after more in a row
+        (`InstanceOptions.retry_delay_ms`), so that a replica that keeps refusing or
+        dying is not retried in a hot loop.
 
         While that offer stands, the replica's write frontiers keep holding its inputs:
         a resumed session carries on from them and must still find its inputs readable.
@@ -394,6 +418,9 @@ class ComputeInstance:
         if replica is None or replica.epoch != epoch:
             return []
         replica.failures += 1
+        replica.consecutive_failures += 1
+        replica.retry_at_ms = self.now_ms + self.options.retry_delay_ms(replica.consecutive_failures)
+        replica.active_since_ms = None
         replica.last_failure = reason
         if replica.session is None:
             replica.frontiers.clear()
@@ -631,20 +658,30 @@ class ComputeInstance:
     # --- Time -------------------------------------------------------------------------
 
     def tick(self, now_ms: int) -> list[Effect]:
-        """Advance the clock: replicas silent past `replica_timeout_ms` have failed."""
+        """Advance the clock: replicas silent past `replica_timeout_ms` have failed;
+        resume offers expire; replicas active for `stable_ms` have their consecutive
+        failures forgotten; failed replicas whose retry time passed connect again."""
         self.now_ms = max(self.now_ms, now_ms)
         effects: list[Effect] = []
         for replica in list(self.replicas.values()):
             silent = self.now_ms - replica.last_heard_ms
             session = replica.session
-            if replica.phase == "active" and silent > self.options.replica_timeout_ms:
-                effects += self.replica_failed(replica.name, replica.epoch, f"no message for {silent} ms")
-            elif replica.phase == "connecting" and session is not None and session.detached_ms is not None:
+            if replica.phase == "active":
+                if silent > self.options.replica_timeout_ms:
+                    effects += self.replica_failed(replica.name, replica.epoch, f"no message for {silent} ms")
+                elif replica.active_since_ms is not None and self.now_ms - replica.active_since_ms >= self.options.stable_ms:
+                    replica.consecutive_failures = 0
+            elif session is not None and session.detached_ms is not None:
                 detached = self.now_ms - session.detached_ms
                 if detached > self.options.replica_timeout_ms:
-                    # Withdraw the resume offer, and with it the holds kept for that session.
+                    # Withdraw the resume offer, and with it the holds kept for that
+                    # session (maintain releases them). An incarnation connecting with
+                    # the offer fails; one still waiting to connect will offer none.
                     replica.session = None
-                    effects += self.replica_failed(replica.name, replica.epoch, f"did not resume its session within {detached} ms")
+                    if replica.phase == "connecting":
+                        effects += self.replica_failed(replica.name, replica.epoch, f"did not resume its session within {detached} ms")
+                    else:
+                        replica.frontiers.clear()
         return effects + self.maintain()
 
     # --- Maintenance ------------------------------------------------------------------
@@ -657,13 +694,14 @@ class ComputeInstance:
         return effects
 
     def _rehydrate_failed(self) -> list[Effect]:
+        """Connect the next incarnation of every failed replica whose retry time passed."""
         effects: list[Effect] = []
         for replica in self.replicas.values():
-            if replica.phase == "failed":
+            if replica.phase == "failed" and replica.retry_at_ms <= self.now_ms:
                 replica.epoch += 1
                 replica.phase = "connecting"
                 replica.last_heard_ms = self.now_ms
-                effects.append(Connect(replica.name, replica.epoch, self._resume_offer(replica)))
+                effects.append(Connect(replica.name, replica.epoch, self._resume_offer(replica), replica.consecutive_failures))
         return effects
 
     def _resume_offer(self, replica: ReplicaState) -> Resume | None:

@@ -59,6 +59,7 @@ T = TypeVar("T")
 
 ADVANCE_INTERVAL_S = 1.0
 RESIZE_POLL_S = 0.5
+RESPAWN_AFTER = 3  # failed attempts in a row before a live managed process is replaced
 
 _CATALOG_CODES: Mapping[type, str] = {
     NotFound: "NOT_FOUND",
@@ -165,14 +166,24 @@ class Controller:
         return driver
 
     async def _replica_address(self, instance: str, name: str, attempt: int) -> str:
-        """Where replica `name` listens now; a managed replica whose process died (or that
-        keeps refusing connections) is spawned again."""
+        """Where replica `name` listens now; a managed replica whose process died is
+        spawned again, and so is one whose process lives but failed `RESPAWN_AFTER`
+        attempts in a row (attempts count on across the replica's failed incarnations:
+        unreachable, refusing, or dying after it connected). A fenced controller leaves
+        the processes alone: they are the newer controller's now."""
         replica = await _blocking(self.catalog.get_replica, instance, name)
-        if replica.managed and attempt > 3 and self.orchestrator.alive(replica):
-            log.warning("replica %s/%s does not answer at %s; starting a new process", instance, name, replica.address)
+        if replica.managed and attempt > RESPAWN_AFTER and self.orchestrator.alive(replica) and not await self._fenced():
+            log.warning("replica %s/%s at %s failed %d times in a row; starting a new process", instance, name, replica.address, attempt - 1)
             self.orchestrator.stop(replica)
         launch_conf = self._launch_conf(instance)
         return await _blocking(self.orchestrator.ensure_running, replica, launch_conf)
+
+    async def _fenced(self) -> bool:
+        try:
+            await asyncio.to_thread(self.catalog.check_epoch)
+        except Fenced:
+            return True
+        return False
 
     def _launch_conf(self, instance: str) -> dict[str, str]:
         conf = self.drivers[instance].instance.config.conf()

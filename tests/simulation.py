@@ -113,6 +113,9 @@ SOURCE = "u1"
 CONFIG = InstanceConfig.of("sim", {"spark.sql.shuffle.partitions": "2"})
 EMPTY = Frontier.empty()
 HEALTH_STATES = ("healthy", "degraded", "unavailable")
+# With the default backoff (at once, then 500 ms, 1 s, ...), a replica that fails again
+# and again connects at most three times in any second.
+MAX_CONNECTS_PER_S = 3
 _INFINITY = float("inf")
 
 
@@ -312,6 +315,7 @@ class SimReplica:
         self.duplicate_until = 0
         self.late_until = 0
         self.erring_until = 0  # answers peeks with errors, now and then, while set
+        self.refusing_until = 0  # refuses every Hello while set
         self.retired = False  # dropped from the instance: the process is gone
         self.running: dict[str, Running] = {}  # first export id -> dataflow
         self.owner: dict[str, str] = {}  # export id -> first export id
@@ -693,6 +697,8 @@ class Simulation:
         self.replicas: dict[str, SimReplica] = {}
         self.conns: dict[str, SimConnection] = {}  # the driver's current connection per replica
         self.pending_connects: dict[str, tuple[int, int]] = {}  # name -> (epoch, when)
+        # (generation, name) -> the times of its Connects in the last second.
+        self.connects: dict[tuple[int, str], deque[int]] = {}
         self.resume_offers: dict[str, Resume | None] = {}  # name -> the pending Connect's offer
         self.next_nonce = 1
         self.broken: list[tuple[int, str, int]] = []  # (when, name, epoch) to report
@@ -762,7 +768,7 @@ class Simulation:
         for replica in self.replicas.values():
             replica.hung_until = replica.slow_until = replica.duplicate_until = (
                 replica.late_until
-            ) = replica.erring_until = 0
+            ) = replica.erring_until = replica.refusing_until = 0
             if replica.down_until is not None:
                 replica.down_until = self.now
         while len(self.instance.replicas) < max(1, self.options.min_in_sync):
@@ -859,6 +865,12 @@ class Simulation:
 
     def _connect(self, effect: Connect) -> None:
         self.event(f"Connect {effect.replica} epoch {effect.epoch}" + (f" resume {effect.resume}" if effect.resume else ""))
+        recent = self.connects.setdefault((self.generation, effect.replica), deque())
+        recent.append(self.now)
+        while recent[0] <= self.now - 1_000:
+            recent.popleft()
+        if len(recent) > MAX_CONNECTS_PER_S:
+            self.fail(f"{effect.replica} connected {len(recent)} times within 1000 ms: no backoff")
         self.pending_connects[effect.replica] = (effect.epoch, self.now + self.rng.randint(1, 60))
         self.resume_offers[effect.replica] = effect.resume
 
@@ -973,6 +985,12 @@ class Simulation:
                 self.pending_connects[name] = (epoch, self.now + self.rng.randint(50, 250))
                 continue
             del self.pending_connects[name]
+            if self.now < replica.refusing_until:  # answers Hello with a refusal
+                self.resume_offers.pop(name, None)
+                self.event(f"refused {name} epoch {epoch}")
+                self.stats["connections refused"] += 1
+                self.call(self.instance.replica_failed, name, epoch, "refused (simulated)")
+                continue
             old = self.conns.get(name)
             if old is not None:
                 self.close(old)
@@ -1034,7 +1052,8 @@ class Simulation:
             return
         replica = self.replicas[rng.choice(self.replica_names)]
         kind = rng.choices(
-            ("crash", "hang", "slow", "duplicate", "late", "peek errors"), (3, 3, 3, 2, 2, 3)
+            ("crash", "hang", "slow", "duplicate", "late", "peek errors", "refuse"),
+            (3, 3, 3, 2, 2, 3, 2),
         )[0]
         self.stats[f"fault {kind}"] += 1
         self.event(f"fault {kind} {replica.name}")
@@ -1048,6 +1067,11 @@ class Simulation:
             replica.duplicate_until = self.now + rng.randint(1_000, 5_000)
         elif kind == "peek errors":
             replica.erring_until = self.now + rng.randint(500, 4_000)
+        elif kind == "refuse":
+            # Refuses every Hello (a process that keeps dying at start-up, or fenced) and
+            # is failed now, so that the instance retries: it must back off.
+            replica.refusing_until = self.now + rng.randint(1_000, 8_000)
+            self.crash(replica, self.now)
         else:
             # A congested link that then breaks: what was in flight arrives after the
             # reconnect, tagged with the old epoch.

@@ -249,7 +249,8 @@ def test_a_live_replica_resumes_its_session_with_just_the_commands_it_missed(los
     assert PeekDone("p1", rows("a"), "r1") in effects
     # The session's position still maps: a second break resumes after what was sent.
     sent_after = sent_to(effects, "r1")
-    effects = instance.replica_failed("r1", 2, "stream broken again")
+    instance.replica_failed("r1", 2, "stream broken again")
+    instance.tick(500)  # a second failure in a row waits retry_base_ms
     (send,) = instance.replica_connected("r1", 3, "r1-3", True, len(received) + len(suffix) + len(sent_after))
     assert [type(c) for c in send.commands] == [Peek]  # only p2 is pending: sent again
 
@@ -263,6 +264,7 @@ def test_a_session_cut_partway_through_a_resume_resumes_again():
     batch = list(send.commands)  # the pending peek again, then the 24
     received += batch[:10]  # cut again after 10 of them
     instance.replica_failed("r1", 2, "stream broken again")
+    instance.tick(500)
 
     (send,) = instance.replica_connected("r1", 3, "r1-3", True, len(received))
 
@@ -283,7 +285,7 @@ def test_a_session_is_not_resumed_once_what_it_missed_left_the_window():
     # The replica resumed (it could not know), but its suffix is gone: fail it, and offer
     # no resume to the next incarnation, which replays the reduced history.
     assert effects[0] == Disconnect("r1", 2)
-    assert Connect("r1", 3, None) in effects
+    assert Connect("r1", 3, None, failures=2) in instance.tick(500)
     replay = connect(instance, "r1")
     assert replay[0] == CreateInstance(CONFIG) and apply(replay) == apply(instance.history.commands)
     assert (instance.replicas["r1"].resumes, instance.replicas["r1"].replays) == (0, 2)
@@ -307,21 +309,27 @@ def test_a_failed_replica_holds_its_inputs_until_its_resume_offer_expires():
     assert instance.dataflows["u2"].input_holds["u1"] == Frontier(200)  # r1 lags
 
     instance.tick(1_000)
-    effects = instance.replica_failed("r1", 1, "stream broken")  # detached at 1000
+    instance.replica_failed("r1", 1, "stream broken")  # detached at 1000
     report(instance, "r2", "u2", 600)
     # Its session may resume at 200 and read its inputs from there: they stay held, even
-    # as new incarnations fail before answering Hello.
-    for epoch, now in [(2, 1_400), (3, 1_800)]:
-        assert instance.tick(now) == []
-        effects = instance.replica_failed("r1", epoch, "no answer to Hello within 10 s")
-        assert storage_holds(effects) == [] and instance.dataflows["u2"].input_holds["u1"] == Frontier(200)
+    # as new incarnations fail before answering Hello (and back off: 500 ms, then 1 s).
+    assert instance.tick(1_400) == []
+    effects = instance.replica_failed("r1", 2, "no answer to Hello within 10 s")
+    assert storage_holds(effects) == [] and instance.dataflows["u2"].input_holds["u1"] == Frontier(200)
+    assert instance.tick(1_899) == []
+    (connect_3,) = instance.tick(1_900)
+    assert connect_3.resume.nonce == "r1-1"  # still offering the session
+    effects = instance.replica_failed("r1", 3, "no answer to Hello within 10 s")  # waits until 2900
+    assert storage_holds(effects) == [] and instance.dataflows["u2"].input_holds["u1"] == Frontier(200)
     assert instance.tick(2_000) == []  # exactly the timeout since it detached
 
     effects = instance.tick(2_001)
 
-    assert Connect("r1", 5, None) in effects  # the offer is withdrawn ...
-    assert storage_holds(effects) == [Frontier(599)]  # ... and with it the hold: u2's since (W - 1)
+    # The offer is withdrawn, and with it the hold: u2's since (W - 1).
+    assert storage_holds(effects) == [Frontier(599)]
     assert instance.replicas["r1"].frontiers == {} and instance.replicas["r1"].session is None
+    assert instance.tick(2_899) == []
+    assert instance.tick(2_900) == [Connect("r1", 4, None, failures=3)]  # offering nothing
 
 
 def test_a_new_session_elsewhere_does_not_spoil_a_resume_in_flight():
@@ -384,17 +392,62 @@ def test_a_hung_replica_is_failed_after_replica_timeout_ms():
     assert instance.tick(4_500) == []  # silent for exactly the timeout: still fine
     effects = instance.tick(4_501)
 
-    assert Disconnect("r1", 1) in effects and Connect("r1", 2, Resume("r1-1", 2)) in effects
+    assert Disconnect("r1", 1) in effects and Connect("r1", 2, Resume("r1-1", 2), failures=1) in effects
     replica = instance.replicas["r1"]
     assert (replica.phase, replica.epoch, replica.failures) == ("connecting", 2, 1)
     assert replica.last_failure == "no message for 2001 ms"
     # Its resume offer (and the input holds kept for it) expire after the timeout too;
-    # the next incarnation starts a new session and waits for as long as it takes.
+    # the next incarnation (a second failure: after 500 ms) starts a new session and
+    # waits for as long as it takes.
     assert instance.tick(6_501) == []
     effects = instance.tick(6_502)
-    assert Disconnect("r1", 2) in effects and Connect("r1", 3, None) in effects
+    assert Disconnect("r1", 2) in effects
     assert replica.last_failure == "did not resume its session within 2001 ms"
+    assert Connect("r1", 3, None, failures=2) in instance.tick(7_002)
     assert instance.tick(20_000) == []
+
+
+def test_a_replica_that_keeps_failing_backs_off_across_incarnations():
+    """A replica that refuses right after connecting (a fenced controller, a refused
+    CreateInstance) or whose process keeps dying was connected again at once, forever.
+    Its incarnations now back off, 500 ms doubling to 30 s, and each Connect carries the
+    failures in a row (the runtime replaces a process that keeps failing); once it
+    stayed active for stable_ms, a failure reconnects at once again."""
+    instance = new_instance(replica_timeout_ms=100_000)
+    effects, now, connects = instance.add_replica("r1"), 0, []
+    while True:
+        (connect,) = [e for e in effects if isinstance(e, Connect)]
+        connects.append((now, connect.failures))
+        if len(connects) == 11:
+            break
+        effects = instance.replica_failed("r1", connect.epoch, "refused (STALE_EPOCH): epoch 1 < 2")
+        while not any(isinstance(e, Connect) for e in effects):
+            assert instance.replicas["r1"].retry_at_ms > now  # failed, waiting
+            now += 100
+            effects = instance.tick(now)
+
+    assert connects == [
+        (0, 0),
+        (0, 1),  # a first failure: at once (a live process resumes its session)
+        (500, 2),
+        (1_500, 3),
+        (3_500, 4),
+        (7_500, 5),
+        (15_500, 6),
+        (31_500, 7),
+        (61_500, 8),  # capped at 30 s
+        (91_500, 9),
+        (121_500, 10),
+    ]
+    replica = instance.replicas["r1"]
+    assert (replica.consecutive_failures, replica.failures) == (10, 10)
+    instance.replica_connected("r1", connect.epoch, "r1-new")
+    for now in range(now, now + 60_001, 10_000):  # active (and heard from) for stable_ms
+        instance.handle_response("r1", connect.epoch, StatusResponse(1))
+        instance.tick(now)
+    assert replica.consecutive_failures == 0
+    effects = instance.replica_failed("r1", connect.epoch, "stream broken")
+    assert Connect("r1", connect.epoch + 1, Resume("r1-new", 2), failures=1) in effects
 
 
 def test_instance_options_default_to_the_catalogs():
@@ -796,6 +849,8 @@ def test_random_runs_exercise_every_fault():
         "fault duplicate",
         "fault late",
         "fault peek errors",
+        "fault refuse",
+        "connections refused",
         "controller restarts",
         "duplicated",
         "late responses delivered",
@@ -845,4 +900,13 @@ def test_the_simulator_catches_an_error_that_wins_a_read(monkeypatch):
     monkeypatch.setattr(ComputeInstance, "_peek_failure", first_error_wins)
     with pytest.raises(SimulationFailure, match="could still answer it"):
         for seed in range(1, 20):
+            run_seed(seed, **options(seed))
+
+
+def test_the_simulator_catches_a_hot_loop(monkeypatch):
+    """An instance that connects a failing replica again at once, however often it
+    failed, is caught."""
+    monkeypatch.setattr(InstanceOptions, "retry_delay_ms", lambda self, failures: 0)
+    with pytest.raises(SimulationFailure, match="no backoff"):
+        for seed in range(20):
             run_seed(seed, **options(seed))
