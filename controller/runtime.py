@@ -40,6 +40,7 @@ from controller._api import (
     CollectionView,
     Consistency,
     ControllerError,
+    DataflowStatusView,
     DataflowView,
     InstanceView,
     ReadResult,
@@ -50,7 +51,7 @@ from controller._driver import InstanceDriver
 from controller._instance import ComputeInstance, Effect, InstanceError, InstanceOptions, SinceAdvanced, StorageHold
 from controller._orchestrator import Orchestrator, size_of
 from controller._planner import Planner
-from history import Frontier, Import, IndexTarget, Peek, PeekCanceled, PeekRows, RowSetFinishing, SqlTarget
+from history import DataflowStatus, Frontier, Import, IndexTarget, Peek, PeekCanceled, PeekRows, RowSetFinishing, SqlTarget
 from storage import Storage
 
 log = logging.getLogger(__name__)
@@ -376,7 +377,7 @@ class Controller:
         )
         desc = info.description()
         await driver.call(lambda inst: inst.create_dataflow(desc, compaction_window_ms))
-        return _dataflow_view(info)
+        return _dataflow_view(info, driver)
 
     async def _resolve(self, driver: InstanceDriver, table: str) -> tuple[Import, str, Frontier, Frontier]:
         """A name in SQL: an index of this instance, else a storage collection."""
@@ -401,7 +402,7 @@ class Controller:
     async def list_dataflows(self, instance: str | None = None) -> list[DataflowView]:
         if instance is not None:
             self._driver(instance)
-        return [_dataflow_view(d) for d in await _blocking(self.catalog.list_dataflows, instance)]
+        return [_dataflow_view(d, self.drivers.get(d.instance)) for d in await _blocking(self.catalog.list_dataflows, instance)]
 
     # --- Reads ----------------------------------------------------------------------------
 
@@ -512,7 +513,14 @@ def _source_view(info) -> SourceView:
     return SourceView(info.id, info.name, info.schema, _time(info.since), _time(info.upper))
 
 
-def _dataflow_view(info: DataflowInfo) -> DataflowView:
+def _status_view(status: DataflowStatus) -> DataflowStatusView:
+    return DataflowStatusView(status.hydrated, status.error, status.digest, status.last_step_ms, status.rows_changed, status.steps)
+
+
+def _dataflow_view(info: DataflowInfo, driver: InstanceDriver | None) -> DataflowView:
+    """The catalog's record of a dataflow, with what each replica last reported of it."""
+    replicas = [] if driver is None else sorted(driver.instance.replicas.values(), key=lambda r: r.name)
+    key = info.export_ids[0]  # the replicas' (and the instance's) id of the dataflow
     return DataflowView(
         id=info.id,
         instance=info.instance,
@@ -523,6 +531,7 @@ def _dataflow_view(info: DataflowInfo) -> DataflowView:
         index_key=info.index_exports[0].key if info.index_exports else None,
         sink_id=info.sink_id,
         compaction_window_ms=info.compaction_window_ms or 0,
+        replicas={r.name: _status_view(r.dataflow_status[key]) for r in replicas if key in r.dataflow_status},
     )
 
 
@@ -552,6 +561,12 @@ def _instance_view(driver: InstanceDriver, replicas: Mapping[str, ReplicaInfo], 
                 dataflows_built=status.dataflows_built if status else 0,
                 resumes=state.resumes,
                 replays=state.replays,
+                errors=status.errors if status else (),
+                # By name (unique in the instance); dataflows the catalog no longer has are left out.
+                dataflows=dict(sorted((names[id], _status_view(s)) for id, s in state.dataflow_status.items() if id in names)),
+                consecutive_failures=state.consecutive_failures,
+                last_failure=state.last_failure or None,
+                next_retry_ms=state.retry_at_ms if state.phase == "failed" else None,
             )
         )
     return InstanceView(
@@ -567,6 +582,7 @@ def _instance_view(driver: InstanceDriver, replicas: Mapping[str, ReplicaInfo], 
         collections=tuple(
             CollectionView(id, names.get(id, id), _time(c.since), _time(c.write_frontier)) for id, c in instance.collections.items()
         ),
+        unavailable_dataflows=dict(sorted(instance.unavailable_dataflows().items())),
     )
 
 
