@@ -25,13 +25,15 @@ Rules (DESIGN section 6):
 - A failed replica comes back as a new incarnation. If its process kept the session this
   controller opened, and the commands it missed are still among the last
   `resume_window` pushed, it gets just those (near-horizon); otherwise a new session and
-  the reduced history (far-horizon), which a live process reconciles.
+  the reduced history (far-horizon), which a live process reconciles. After failures in
+  a row it backs off (`InstanceOptions.retry_delay_ms`): time enters only through
+  `tick`, so a waiting replica connects on the first tick past its retry time.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Literal, Mapping, Union
+from typing import Collection, Iterable, Literal, Mapping, Union
 
 from catalog import DEFAULT_MAX_LAG_MS, DEFAULT_MIN_IN_SYNC, DEFAULT_REPLICA_TIMEOUT_MS
 from history import (
@@ -257,9 +259,9 @@ class PendingPeek:
     """A peek no one has answered yet.
 
     Lifecycle of `errors`: replica name -> (its epoch, the message) of each `PeekError`
-    answer, added as they come. An entry of an earlier epoch no longer stands for that
-    replica's answer (its next incarnation gets the peek again), but still names it in
-    the error that answers the peek.
+    answer, added as they come. An entry of an earlier epoch (epoch 0 once the replica
+    was dropped) no longer stands for that replica's answer (its next incarnation gets
+    the peek again), but still names it in the error that answers the peek.
     """
 
     peek: Peek
@@ -345,6 +347,9 @@ class ComputeInstance:
     def drop_replica(self, name: str, *, force: bool = False) -> list[Effect]:
         self.check_drop_replica(name, force=force)
         replica = self.replicas.pop(name)
+        for pending in self.peeks.values():
+            if name in pending.errors:  # epoch 0: no answer of a replica added later as `name`
+                pending.errors[name] = (0, pending.errors[name][1])
         # maintain: its holds go, and peeks it was the last hope for are answered.
         return [Disconnect(name, replica.epoch), *self.maintain()]
 
@@ -631,12 +636,13 @@ class ComputeInstance:
                 raise InstanceError(
                     "FAILED_PRECONDITION", f"cannot read {id} at {peek.timestamp}: it is compacted to since {collection.since}"
                 )
-        failure = self._peek_failure(PendingPeek(peek, self.now_ms))
+        pending = PendingPeek(peek, self.now_ms)
+        failure = self._peek_failure(pending)
         if failure is not None:
             raise InstanceError("FAILED_PRECONDITION", failure)
         for id in peek.target.collection_ids:
             self.collections[id].holds[f"peek:{peek.uuid}"] = Frontier(peek.timestamp)
-        self.peeks[peek.uuid] = PendingPeek(peek, self.now_ms)
+        self.peeks[peek.uuid] = pending
         return self._send(peek)
 
     def cancel_peek(self, uuid: str, reason: str) -> list[Effect]:
@@ -865,7 +871,7 @@ class ComputeInstance:
         unservable = self._unservable()
         return {name: unservable[key] for name, key in self.names.items() if key in unservable}
 
-    def _lag_ms(self, replica: ReplicaState, excused: Iterable[str] = ()) -> int | None:
+    def _lag_ms(self, replica: ReplicaState, excused: Collection[str] = ()) -> int | None:
         """The most `replica` lags W over the exports of every dataflow not `excused`;
         None when it is not hydrated for one of them (the lag is unbounded)."""
         lag = 0
@@ -882,7 +888,7 @@ class ComputeInstance:
                     lag = max(lag, write.time - (write.time if frontier.is_empty else frontier.time))
         return lag
 
-    def _in_sync(self, replica: ReplicaState, excused: Iterable[str] = ()) -> bool:
+    def _in_sync(self, replica: ReplicaState, excused: Collection[str] = ()) -> bool:
         """Active, no replica-wide errors, and for every dataflow not `excused`: not failed
         on it, hydrated, and within `max_lag_ms` of W."""
         if replica.phase != "active" or (replica.status is not None and replica.status.errors):

@@ -600,6 +600,19 @@ def test_an_error_answers_a_peek_once_no_other_active_replica_is_left(leaves: st
     assert answers(effects) == [PeekDone("p1", PeekError("replica r1: out of memory"), None)]
 
 
+def test_an_error_of_a_dropped_replica_is_no_answer_of_one_added_under_its_name():
+    instance = two_replicas_serving("u2")
+    instance.peek(Peek("p1", IndexTarget("u2"), 9))
+    peek_error(instance, "r1", "p1", "out of memory")
+    instance.drop_replica("r1", force=True)
+    connect(instance, "r1")  # a new replica, epoch 1 again
+
+    assert peek_error(instance, "r2", "p1", "timed out") == []  # the new r1 may answer
+
+    effects = instance.handle_response("r1", 1, PeekResponse("p1", rows("from the new r1")))
+    assert answers(effects) == [PeekDone("p1", rows("from the new r1"), "r1")]
+
+
 def test_a_replica_that_becomes_active_while_a_peek_waits_must_answer_it_too():
     instance = two_replicas_serving("u2")
     instance.peek(Peek("p1", IndexTarget("u2"), 9))
