@@ -28,8 +28,9 @@ What is modelled:
   catalog record. A broken stream is reported with `replica_failed`.
 - **Faults** (seeded): crash (state and connection lost, back after a while), hang (no
   messages at all, heartbeats included), slow (every delay 10x), duplicate responses,
-  peek errors (for a while, half the peeks it answers get an error instead), late
-  responses (what was in flight on a closed connection arrives after the reconnect,
+  peek errors (for a while, half the peeks it answers get an error instead), refusals
+  (it crashes, then refuses every `Hello` for a while, as a process that keeps dying at
+  start-up or a fenced controller sees), late responses (what was in flight on a closed connection arrives after the reconnect,
   tagged with the old epoch) and controller restart (a new `ComputeInstance` rebuilt from
   the catalog record: live dataflows with `as_of` = their last recorded since, then the
   replicas, which keep their state and reconcile).
@@ -49,7 +50,8 @@ of healthy/degraded/unavailable; a replica called hydrated has computed every li
 dataflow; no replica ever computes from an over-compacted input or refuses a peek; every
 answer equals the reference answer and no peek is answered twice; an error answers a peek
 only if every active replica answered it with an error in its current incarnation, and
-it names each replica that did. At the end
+it names each replica that did; no replica is connected more than three times in any
+second (failed incarnations back off). At the end
 (`check_final`): every peek answered exactly once (none, for peeks pending when the
 controller restarted: their client saw the connection fail), the instance healthy, every
 replica connected at its epoch and running exactly the live dataflows, and every storage

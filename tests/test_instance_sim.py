@@ -3,15 +3,16 @@
 The random runs drive the instance with `simulation.Simulation`: a client workload
 (dataflows, some importing others' indexes; serializable, explicit-time and SQL peeks;
 drops; replica adds and drops; refused commands) interleaved with crashes, hangs, slow
-replicas, duplicate and late responses, peeks answered with errors and controller
-restarts. After every call into the instance the simulator checks that W, every
-replica's frontier and every since never regress, that no since passes a hold, that an
-input's since never passes the write frontier an active replica reported for a dataflow
-reading it, that the history stays bounded, and that a replica called hydrated has
-computed; every peek answer must equal the reference answer at the peek's time, and an
-error may answer a peek only once every active replica has answered it with one. At the
-end faults stop, the system quiesces, every peek must have been answered exactly once
-and the instance must be healthy with every replica running exactly the live dataflows.
+replicas, duplicate and late responses, peeks answered with errors, refused connections
+and controller restarts. After every call into the instance the simulator checks that W,
+every replica's frontier and every since never regress, that no since passes a hold,
+that an input's since never passes the write frontier an active replica reported for a
+dataflow reading it, that the history stays bounded, and that a replica called hydrated
+has computed; every peek answer must equal the reference answer at the peek's time, and
+an error may answer a peek only once every active replica has answered it with one, and
+no replica may reconnect in a hot loop. At the end faults stop, the system quiesces,
+every peek must have been answered exactly once and the instance must be healthy with
+every replica running exactly the live dataflows.
 
 The stories below pin down one rule each; the ones named after a bug were first found by
 a seed of the random runs and then minimized.
