@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from test_client_api import FakeApi, ServerThread, fail_kept, free_address, populated
 
+import controller
 from controller.cli import format_table, main
 from controller.client import Client
 from history import OrderBy, Predicate
@@ -581,7 +582,11 @@ def test_serve_hands_its_options_to_the_runtime(monkeypatch, tmp_path):
     async def serve(**options):
         calls.append(options)
 
-    monkeypatch.setitem(sys.modules, "controller.runtime", types.SimpleNamespace(serve=serve))
+    fake = types.SimpleNamespace(serve=serve)
+    monkeypatch.setitem(sys.modules, "controller.runtime", fake)
+    # `from controller import runtime` reads the package's attribute once the real module
+    # was imported (another test module may have, at collection): replace that too.
+    monkeypatch.setattr(controller, "runtime", fake, raising=False)
     assert main(["serve", "--data-dir", str(tmp_path), "--listen", "127.0.0.1:7000"]) == 0
     assert main(["serve", "--catalog", "postgresql://db/tandem"]) == 0
     assert calls == [
