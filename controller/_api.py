@@ -8,7 +8,7 @@ and never chooses a code itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Mapping, Protocol, Sequence
 
 import pyarrow as pa
@@ -51,13 +51,28 @@ class CollectionView:
 
 
 @dataclass(frozen=True, slots=True)
+class DataflowStatusView:
+    """A dataflow on one replica, as the replica last reported it: `error` once it failed
+    (it stays failed); `last_step_ms` and `rows_changed` describe its latest step (rows
+    inserted plus rows retracted); `steps` counts the versions it computed since it was
+    built there."""
+
+    hydrated: bool
+    error: str | None
+    digest: str
+    last_step_ms: int
+    rows_changed: int
+    steps: int
+
+
+@dataclass(frozen=True, slots=True)
 class ReplicaView:
     name: str
     size: str
     spark_master: str
     address: str | None
     managed: bool
-    state: str  # connecting | active | failed
+    state: str  # connecting | active | failed (waiting until next_retry_ms)
     epoch: int
     pid: int | None
     in_sync: bool
@@ -68,10 +83,22 @@ class ReplicaView:
     dataflows_built: int
     resumes: int  # incarnations that resumed their session: sent only what they missed
     replays: int  # incarnations that started a new session: replayed the reduced history
+    # Problems of the replica as a whole that stop its progress (e.g. no live executors).
+    errors: tuple[str, ...] = ()
+    # Its dataflows by name, from its latest status (none while it is not active).
+    dataflows: Mapping[str, DataflowStatusView] = field(default_factory=dict)
+    consecutive_failures: int = 0  # failed incarnations in a row
+    last_failure: str | None = None
+    # While it waits to connect again: when, in ms since the Unix epoch (controller clock).
+    next_retry_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class InstanceView:
+    """`health`: healthy when at least `min_in_sync` replicas are in sync; degraded
+    when fewer are, or when some dataflows serve nowhere (`unavailable_dataflows`) while
+    others serve; unavailable when no replica is in sync and nothing serves."""
+
     name: str
     health: str  # healthy | degraded | unavailable
     min_in_sync: int
@@ -82,6 +109,8 @@ class InstanceView:
     commands_pushed: int
     replicas: tuple[ReplicaView, ...]
     collections: tuple[CollectionView, ...]
+    # Dataflows no replica can serve now, by name, and why (each replica's reason).
+    unavailable_dataflows: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +134,8 @@ class DataflowView:
     sink_id: str | None  # the materialized view's storage collection
     compaction_window_ms: int
     strategy: str  # "incremental", or "recompute: <why it is not maintained incrementally>"
+    # Its status on each replica that reports it, by replica name.
+    replicas: Mapping[str, DataflowStatusView] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

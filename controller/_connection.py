@@ -5,7 +5,7 @@ The task connects (retrying with tenacity backoff until it is cancelled), sends 
 with the replica's `HelloAck`, then writes queued commands and reports every response.
 It ends on the first failure (a broken stream, a refused send, a refusal, no `HelloAck`)
 after reporting it: the instance then rehydrates the replica as a new incarnation with a
-new connection.
+new connection, backing off when it failed before (`InstanceOptions.retry_delay_ms`).
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ class ReplicaConnection:
     epoch: int  # the replica's incarnation, as the instance numbers it
     controller_epoch: int
     resume: Resume | None
+    # Incarnations of this replica that failed in a row before this one: attempts are
+    # numbered on from them, so the resolver sees how long the replica has been failing.
+    failures: int
     resolve_address: Callable[[int], Awaitable[str]]  # attempt number -> address
     on_connected: Callable[[str, HelloAck], None]  # (this connection's nonce, the answer)
     on_response: Callable[[ComputeResponse], None]
@@ -70,7 +73,7 @@ class ReplicaConnection:
                 with attempt:
                     attempts += 1
                     try:
-                        address = await self.resolve_address(attempts)
+                        address = await self.resolve_address(self.failures + attempts)
                     except Exception as e:  # e.g. a respawned process exited before it was ready
                         log.warning("replica %s (epoch %d): no address yet: %s", self.replica, self.epoch, e)
                         raise ConnectFailed(str(e)) from None

@@ -56,7 +56,8 @@ class InstanceDriver:
     ) -> None:
         self.instance = instance
         self.controller_epoch = controller_epoch
-        self._resolve_address = resolve_address  # (replica, attempt) -> address
+        # (replica, attempt) -> address; attempts count on across failed incarnations.
+        self._resolve_address = resolve_address
         self._durable = durable  # records a StorageHold or SinceAdvanced (blocking)
         self._durable_pool = ThreadPoolExecutor(1, thread_name_prefix=f"durable-{instance.config.name}")
         # Holds and sinces only move forward, so only the latest per (kind, id, holder)
@@ -147,6 +148,7 @@ class InstanceDriver:
             epoch=epoch,
             controller_epoch=self.controller_epoch,
             resume=effect.resume,
+            failures=effect.failures,
             resolve_address=lambda attempt: self._resolve_address(name, attempt),
             on_connected=lambda nonce, ack: self.post(
                 lambda instance: instance.replica_connected(name, epoch, nonce, ack.resumed, ack.applied)

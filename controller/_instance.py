@@ -10,24 +10,32 @@ instance can be driven by simulated replicas with seeded faults.
 Rules (DESIGN section 6):
 - A command is pushed to the history *before* it is sent, so the history exists with
   zero replicas and a (re)connecting replica is brought up by replaying it.
-- The first response to a peek wins: the caller gets it, `CancelPeek` goes to every
-  replica (and into the history), then the peek's read holds are released.
+- The first response to a peek with rows wins: the caller gets it, `CancelPeek` goes to
+  every replica (and into the history), then the peek's read holds are released. An
+  error never wins while another replica may still answer: errors answer a peek only
+  once every active replica has answered it with an error (or reported its dataflow
+  failed), or no active replica is left, and then together, naming each replica.
 - `W(c)` is the max of the replicas' write frontiers; a report below the known value is
   ignored. `since(c)` is the min of the holds on c and only advances; when it does,
   `AllowCompaction{c, since}` is sent and c's holds on its inputs follow.
-- A replica is hydrated for c once `w_r(c) > as_of(c)`, in sync when hydrated for every
-  collection and within `max_lag_ms` of `W`.
+- A replica is hydrated for c once `w_r(c) > as_of(c)`, in sync when active, free of
+  replica-wide errors, and for every dataflow: not reported failed, hydrated, and within
+  `max_lag_ms` of `W`. A dataflow that no replica serves (failed or unhydrated on each)
+  makes the instance degraded, not unavailable, while others serve.
 - A failed replica comes back as a new incarnation. If its process kept the session this
   controller opened, and the commands it missed are still among the last
   `resume_window` pushed, it gets just those (near-horizon); otherwise a new session and
-  the reduced history (far-horizon), which a live process reconciles.
+  the reduced history (far-horizon), which a live process reconciles. After failures in
+  a row it backs off (`InstanceOptions.retry_delay_ms`): time enters only through
+  `tick`, so a waiting replica connects on the first tick past its retry time.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Literal, Mapping, Union
+from typing import Collection, Iterable, Literal, Mapping, Union
 
+from catalog import DEFAULT_MAX_LAG_MS, DEFAULT_MIN_IN_SYNC, DEFAULT_REPLICA_TIMEOUT_MS
 from history import (
     AllowCompaction,
     CancelPeek,
@@ -38,6 +46,7 @@ from history import (
     CreateDataflow,
     CreateInstance,
     DataflowDescription,
+    DataflowStatus,
     Frontier,
     FrontiersResponse,
     InitializationComplete,
@@ -48,6 +57,7 @@ from history import (
     PeekError,
     PeekResponse,
     PeekResult,
+    PeekTarget,
     Resume,
     Schedule,
     StatusResponse,
@@ -72,11 +82,14 @@ class Send:
 class Connect:
     """Open a connection to `replica` for incarnation `epoch` (retrying with backoff),
     offering to `resume` its session, and report `replica_connected` with the replica's
-    answer to the `Hello`."""
+    answer to the `Hello`. `failures` counts the replica's incarnations that failed in a
+    row before this one: the connection numbers its attempts on from there, so that a
+    process that keeps failing is replaced (see `runtime._replica_address`)."""
 
     replica: str
     epoch: int
     resume: Resume | None = None
+    failures: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,14 +144,30 @@ class InstanceError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class InstanceOptions:
-    min_in_sync: int = 1
-    max_lag_ms: int = 5_000
-    replica_timeout_ms: int = 10_000
+    # The defaults are the catalog's, which records every instance's options.
+    min_in_sync: int = DEFAULT_MIN_IN_SYNC
+    max_lag_ms: int = DEFAULT_MAX_LAG_MS
+    replica_timeout_ms: int = DEFAULT_REPLICA_TIMEOUT_MS
     # Commands kept as pushed: a replica that missed no more than these since its stream
     # broke is caught up with just those (near-horizon).
     resume_window: int = RECENT_COMMANDS
+    # Backoff across incarnations (see `retry_delay_ms`); a replica active for
+    # `stable_ms` has its consecutive failures forgotten.
+    retry_base_ms: int = 500
+    retry_max_ms: int = 30_000
+    stable_ms: int = 60_000
+
+    def retry_delay_ms(self, failures: int) -> int:
+        """How long a replica that failed `failures` times in a row waits before its next
+        incarnation connects: not at all after one failure (a live process resumes its
+        session at once), then `retry_base_ms` doubling per failure, at most
+        `retry_max_ms`. A pure schedule: the instance waits for `tick` to pass it."""
+        if failures <= 1:
+            return 0
+        return min(self.retry_max_ms, self.retry_base_ms * 2 ** min(failures - 2, 32))
 
 
+# failed: waiting (until `retry_at_ms`) to connect its next incarnation.
 ReplicaPhase = Literal["connecting", "active", "failed"]
 
 
@@ -187,8 +216,12 @@ class ReplicaState:
     last_heard_ms: int = 0
     peeks_won: int = 0
     failures: int = 0
+    consecutive_failures: int = 0  # since it last stayed active for `stable_ms`
+    retry_at_ms: int = 0  # while failed: when its next incarnation connects
+    active_since_ms: int | None = None  # while active
     last_failure: str = ""
     status: StatusResponse | None = None
+    dataflow_status: dict[str, DataflowStatus] = field(default_factory=dict)
     session: Session | None = None
     resumes: int = 0  # incarnations brought up near-horizon (just the missed suffix)
     replays: int = 0  # incarnations brought up far-horizon (the reduced history)
@@ -223,17 +256,29 @@ class DataflowState:
 
 @dataclass(slots=True)
 class PendingPeek:
+    """A peek no one has answered yet.
+
+    Lifecycle of `errors`: replica name -> (its epoch, the message) of each `PeekError`
+    answer, added as they come. An entry of an earlier epoch (epoch 0 once the replica
+    was dropped) no longer stands for that replica's answer (its next incarnation gets
+    the peek again), but still names it in the error that answers the peek.
+    """
+
     peek: Peek
     issued_ms: int
+    errors: dict[str, tuple[int, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class ReplicaHealth:
+    """One replica's health (see `ComputeInstance.health`)."""
+
     name: str
     epoch: int
     phase: ReplicaPhase
     hydrated: bool
-    in_sync: bool
+    in_sync: bool  # for every dataflow: not failed, hydrated, within max_lag_ms
+    in_sync_where_served: bool  # the same, but only for dataflows some replica serves
     lag_ms: int | None  # None: not hydrated somewhere, so the lag is unbounded
     peeks_won: int
 
@@ -282,10 +327,17 @@ class ComputeInstance:
         return [Connect(name, 1)]
 
     def check_drop_replica(self, name: str, *, force: bool = False) -> None:
-        """Raise unless `drop_replica(name, force=force)` would be accepted."""
-        replica = self._replica(name)
-        remaining = sum(1 for h in self.health() if h.in_sync and h.name != name)
-        if not force and self.options.min_in_sync > 0 and remaining < self.options.min_in_sync and self._in_sync(replica):
+        """Raise unless `drop_replica(name, force=force)` would be accepted: unforced, an
+        in-sync replica may go only if `min_in_sync` others stay in sync.
+
+        What counts is being in sync for every dataflow *some* replica serves
+        (`ReplicaHealth.in_sync_where_served`): a dataflow that failed on every replica
+        (or is not hydrated anywhere yet) would otherwise put every replica out of sync,
+        and the guard would let the last replicas serving everything else go unforced."""
+        self._replica(name)
+        health = {h.name: h for h in self.health()}
+        remaining = sum(1 for h in health.values() if h.in_sync_where_served and h.name != name)
+        if not force and self.options.min_in_sync > 0 and remaining < self.options.min_in_sync and health[name].in_sync_where_served:
             raise InstanceError(
                 "FAILED_PRECONDITION",
                 f"dropping replica {name!r} would leave {remaining} in-sync replica(s), below "
@@ -295,7 +347,11 @@ class ComputeInstance:
     def drop_replica(self, name: str, *, force: bool = False) -> list[Effect]:
         self.check_drop_replica(name, force=force)
         replica = self.replicas.pop(name)
-        return [Disconnect(name, replica.epoch), *self._update_holds()]
+        for pending in self.peeks.values():
+            if name in pending.errors:  # epoch 0: no answer of a replica added later as `name`
+                pending.errors[name] = (0, pending.errors[name][1])
+        # maintain: its holds go, and peeks it was the last hope for are answered.
+        return [Disconnect(name, replica.epoch), *self.maintain()]
 
     def replica_connected(self, name: str, epoch: int, nonce: str, resumed: bool = False, applied: int = 0) -> list[Effect]:
         """The driver's connection of `epoch` (opened with `nonce`) is up: the replica
@@ -307,7 +363,7 @@ class ComputeInstance:
         if resumed:
             return self._resume(replica, nonce, applied)
         replica.phase = "active"
-        replica.last_heard_ms = self.now_ms
+        replica.active_since_ms = replica.last_heard_ms = self.now_ms
         replica.replays += 1
         # The history itself is not reduced here: that would move its horizon under
         # other replicas whose resumes are in flight.
@@ -334,7 +390,7 @@ class ComputeInstance:
         in_suffix = {c.uuid for c in suffix if isinstance(c, Peek)}
         resent = [p.peek for p in self.peeks.values() if p.peek.uuid not in in_suffix]
         replica.phase = "active"
-        replica.last_heard_ms = self.now_ms
+        replica.active_since_ms = replica.last_heard_ms = self.now_ms
         replica.resumes += 1
         # The resent peeks are commands the history does not count: re-base the mapping
         # on where the suffix starts, so that a session cut again partway through it can
@@ -353,8 +409,11 @@ class ComputeInstance:
                     replica.as_ofs[id] = command.desc.as_of
 
     def replica_failed(self, name: str, epoch: int, reason: str) -> list[Effect]:
-        """A broken stream, a refused send, or silence: rehydrate the replica as a new
-        incarnation (epoch + 1), which offers to resume its session.
+        """A broken stream, a refused send or `Hello`, or silence: rehydrate the replica
+        as a new incarnation (epoch + 1), which offers to resume its session. It connects
+        at once after a first failure, and backs off after more in a row
+        (`InstanceOptions.retry_delay_ms`), so that a replica that keeps refusing or
+        dying is not retried in a hot loop.
 
         While that offer stands, the replica's write frontiers keep holding its inputs:
         a resumed session carries on from them and must still find its inputs readable.
@@ -364,6 +423,9 @@ class ComputeInstance:
         if replica is None or replica.epoch != epoch:
             return []
         replica.failures += 1
+        replica.consecutive_failures += 1
+        replica.retry_at_ms = self.now_ms + self.options.retry_delay_ms(replica.consecutive_failures)
+        replica.active_since_ms = None
         replica.last_failure = reason
         if replica.session is None:
             replica.frontiers.clear()
@@ -371,6 +433,7 @@ class ComputeInstance:
             replica.session.detached_ms = self.now_ms
         replica.phase = "failed"
         replica.status = None
+        replica.dataflow_status = {}
         return [Disconnect(name, epoch), *self.maintain()]
 
     def _replica(self, name: str) -> ReplicaState:
@@ -393,7 +456,10 @@ class ComputeInstance:
         if isinstance(response, PeekResponse):
             return self._peek_response(replica, response)
         replica.status = response
-        return []
+        replica.dataflow_status = {d.id: d for d in response.dataflows}
+        # A dataflow reported failed answers no read: peeks that waited for this replica
+        # may now be answered by errors.
+        return self._answer_failed_peeks() if any(d.error is not None for d in response.dataflows) else []
 
     def _frontiers(self, replica: ReplicaState, response: FrontiersResponse) -> list[Effect]:
         collection = self.collections.get(response.id)
@@ -412,8 +478,51 @@ class ComputeInstance:
         if pending is None or isinstance(response.result, PeekCanceled):
             self.late_peek_responses += pending is None
             return []
+        if isinstance(response.result, PeekError):
+            pending.errors[replica.name] = (replica.epoch, response.result.message)
+            return self._answer_failed_peeks([response.uuid])
         replica.peeks_won += 1
         return self._finish_peek(response.uuid, response.result, replica.name)
+
+    def _peek_failure(self, pending: PendingPeek) -> str | None:
+        """The error that answers `pending` now, naming each replica and its error; None
+        while an active replica may still answer with rows: one that has neither
+        answered this peek with an error in its current incarnation nor reports a
+        target's dataflow failed. Failed, connecting and dropped replicas do not count
+        (a replica that becomes active gets the peek through the history), but the
+        errors they answered are named."""
+        errors = {name: message for name, (_, message) in pending.errors.items()}
+        for replica in self.replicas.values():
+            if replica.phase != "active":
+                continue
+            answered = pending.errors.get(replica.name)
+            if answered is not None and answered[0] == replica.epoch:
+                continue
+            failed = self._target_failure(replica, pending.peek.target)
+            if failed is None:
+                return None
+            errors[replica.name] = failed
+        return "; ".join(f"replica {name}: {message}" for name, message in sorted(errors.items())) or None
+
+    def _target_failure(self, replica: ReplicaState, target: PeekTarget) -> str | None:
+        """Why `replica` can only answer a read of `target` with an error: it reports a
+        target's dataflow failed (worded as the replica words its peek errors)."""
+        for id in target.collection_ids:
+            key = self.collections[id].dataflow
+            error = self._dataflow_error(replica, key)
+            if error is not None:
+                return f"dataflow {self.dataflows[key].desc.name} failed: {error}"
+        return None
+
+    def _answer_failed_peeks(self, uuids: Iterable[str] | None = None) -> list[Effect]:
+        """Answer each pending peek of `uuids` (None: all) that only errors can answer."""
+        effects: list[Effect] = []
+        for uuid in list(self.peeks if uuids is None else uuids):
+            pending = self.peeks.get(uuid)
+            failure = None if pending is None else self._peek_failure(pending)
+            if failure is not None:
+                effects += self._finish_peek(uuid, PeekError(failure), None)
+        return effects
 
     def _finish_peek(self, uuid: str, result: PeekResult, replica: str | None) -> list[Effect]:
         """Answer, then cancel everywhere, then release the read holds: in that order."""
@@ -516,7 +625,9 @@ class ComputeInstance:
         return collection.since.time if write.is_empty else max(write.step_back().time, collection.since.time)
 
     def peek(self, peek: Peek) -> list[Effect]:
-        """Issue a peek. Precondition (checked): every target is readable at its time."""
+        """Issue a peek. Preconditions (checked): every target is readable at its time,
+        and not every active replica reports a target's dataflow failed (that read could
+        only fail: it is refused at once, naming each replica's error)."""
         if peek.uuid in self.peeks:
             raise InstanceError("ALREADY_EXISTS", f"peek {peek.uuid} is already pending")
         for id in peek.target.collection_ids:
@@ -525,9 +636,13 @@ class ComputeInstance:
                 raise InstanceError(
                     "FAILED_PRECONDITION", f"cannot read {id} at {peek.timestamp}: it is compacted to since {collection.since}"
                 )
+        pending = PendingPeek(peek, self.now_ms)
+        failure = self._peek_failure(pending)
+        if failure is not None:
+            raise InstanceError("FAILED_PRECONDITION", failure)
         for id in peek.target.collection_ids:
             self.collections[id].holds[f"peek:{peek.uuid}"] = Frontier(peek.timestamp)
-        self.peeks[peek.uuid] = PendingPeek(peek, self.now_ms)
+        self.peeks[peek.uuid] = pending
         return self._send(peek)
 
     def cancel_peek(self, uuid: str, reason: str) -> list[Effect]:
@@ -549,20 +664,30 @@ class ComputeInstance:
     # --- Time -------------------------------------------------------------------------
 
     def tick(self, now_ms: int) -> list[Effect]:
-        """Advance the clock: replicas silent past `replica_timeout_ms` have failed."""
+        """Advance the clock: replicas silent past `replica_timeout_ms` have failed;
+        resume offers expire; replicas active for `stable_ms` have their consecutive
+        failures forgotten; failed replicas whose retry time passed connect again."""
         self.now_ms = max(self.now_ms, now_ms)
         effects: list[Effect] = []
         for replica in list(self.replicas.values()):
             silent = self.now_ms - replica.last_heard_ms
             session = replica.session
-            if replica.phase == "active" and silent > self.options.replica_timeout_ms:
-                effects += self.replica_failed(replica.name, replica.epoch, f"no message for {silent} ms")
-            elif replica.phase == "connecting" and session is not None and session.detached_ms is not None:
+            if replica.phase == "active":
+                if silent > self.options.replica_timeout_ms:
+                    effects += self.replica_failed(replica.name, replica.epoch, f"no message for {silent} ms")
+                elif replica.active_since_ms is not None and self.now_ms - replica.active_since_ms >= self.options.stable_ms:
+                    replica.consecutive_failures = 0
+            elif session is not None and session.detached_ms is not None:
                 detached = self.now_ms - session.detached_ms
                 if detached > self.options.replica_timeout_ms:
-                    # Withdraw the resume offer, and with it the holds kept for that session.
+                    # Withdraw the resume offer, and with it the holds kept for that
+                    # session (maintain releases them). An incarnation connecting with
+                    # the offer fails; one still waiting to connect will offer none.
                     replica.session = None
-                    effects += self.replica_failed(replica.name, replica.epoch, f"did not resume its session within {detached} ms")
+                    if replica.phase == "connecting":
+                        effects += self.replica_failed(replica.name, replica.epoch, f"did not resume its session within {detached} ms")
+                    else:
+                        replica.frontiers.clear()
         return effects + self.maintain()
 
     # --- Maintenance ------------------------------------------------------------------
@@ -570,18 +695,19 @@ class ComputeInstance:
     def maintain(self) -> list[Effect]:
         """Idempotent steps that bring the instance to where its state says it should be."""
         effects: list[Effect] = []
-        for step in (self._rehydrate_failed, self._update_holds, self._schedule, self._clean_up):
+        for step in (self._rehydrate_failed, self._answer_failed_peeks, self._update_holds, self._schedule, self._clean_up):
             effects += step()
         return effects
 
     def _rehydrate_failed(self) -> list[Effect]:
+        """Connect the next incarnation of every failed replica whose retry time passed."""
         effects: list[Effect] = []
         for replica in self.replicas.values():
-            if replica.phase == "failed":
+            if replica.phase == "failed" and replica.retry_at_ms <= self.now_ms:
                 replica.epoch += 1
                 replica.phase = "connecting"
                 replica.last_heard_ms = self.now_ms
-                effects.append(Connect(replica.name, replica.epoch, self._resume_offer(replica)))
+                effects.append(Connect(replica.name, replica.epoch, self._resume_offer(replica), replica.consecutive_failures))
         return effects
 
     def _resume_offer(self, replica: ReplicaState) -> Resume | None:
@@ -693,25 +819,91 @@ class ComputeInstance:
 
     # --- Health -----------------------------------------------------------------------
 
-    def _lag_ms(self, replica: ReplicaState) -> int | None:
-        lag = 0
-        for id, collection in self.collections.items():
-            if collection.since.is_empty:
+    def _dataflow_error(self, replica: ReplicaState, key: str) -> str | None:
+        """The error with which `replica` last reported dataflow `key` failed, if it did."""
+        status = replica.dataflow_status.get(key)
+        return None if status is None else status.error
+
+    def _hydrated(self, replica: ReplicaState, id: str) -> bool:
+        """`replica` computed collection `id` past the as_of it was given: a replica added
+        or rehydrated late is replayed the dataflow at its since, and reports that as_of
+        at once. A dropped export (empty since) no longer counts."""
+        collection = self.collections[id]
+        if collection.since.is_empty:
+            return True
+        frontier = replica.frontiers.get(id)
+        return frontier is not None and frontier > replica.as_ofs.get(id, collection.as_of)
+
+    def _why_not_serving(self, replica: ReplicaState, key: str) -> str | None:
+        """Why `replica` cannot answer reads of dataflow `key` now; None when it can: it is
+        active, has not reported the dataflow failed, and is hydrated for every export.
+        (Replica-wide errors stop progress, not reads of what it holds.)"""
+        if replica.phase != "active":
+            return f"{replica.name} is {replica.phase}"
+        error = self._dataflow_error(replica, key)
+        if error is not None:
+            return f"failed on {replica.name}: {error}"
+        if not all(self._hydrated(replica, id) for id in self.dataflows[key].export_ids):
+            return f"not hydrated on {replica.name}"
+        return None
+
+    def _unservable(self) -> dict[str, str]:
+        """Dataflow key -> why no replica can serve it (each replica's reason), for every
+        dataflow with a readable export."""
+        result = {}
+        for key, dataflow in self.dataflows.items():
+            if all(self.collections[id].since.is_empty for id in dataflow.export_ids):
                 continue
-            frontier = replica.frontiers.get(id)
-            # Hydrated past the as_of it was given: a replica added or rehydrated late
-            # is replayed the dataflow at its since, and reports that as_of at once.
-            if frontier is None or not (frontier > replica.as_ofs.get(id, collection.as_of)):
-                return None
-            if not collection.write_frontier.is_empty:
-                lag = max(lag, collection.write_frontier.time - (frontier.time if not frontier.is_empty else collection.write_frontier.time))
+            reasons = []
+            for replica in self.replicas.values():
+                reason = self._why_not_serving(replica, key)
+                if reason is None:
+                    break
+                reasons.append(reason)
+            else:
+                result[key] = "; ".join(reasons) or "no replicas"
+        return result
+
+    def unavailable_dataflows(self) -> dict[str, str]:
+        """Live dataflow name -> why no replica can serve it, e.g. "failed on r1: ...;
+        not hydrated on r2". A peek of one that every active replica reports failed is
+        refused at once (see `peek`)."""
+        unservable = self._unservable()
+        return {name: unservable[key] for name, key in self.names.items() if key in unservable}
+
+    def _lag_ms(self, replica: ReplicaState, excused: Collection[str] = ()) -> int | None:
+        """The most `replica` lags W over the exports of every dataflow not `excused`;
+        None when it is not hydrated for one of them (the lag is unbounded)."""
+        lag = 0
+        for key, dataflow in self.dataflows.items():
+            if key in excused:
+                continue
+            for id in dataflow.export_ids:
+                if self.collections[id].since.is_empty:
+                    continue
+                if not self._hydrated(replica, id):
+                    return None
+                write, frontier = self.collections[id].write_frontier, replica.frontiers.get(id)
+                if frontier is not None and not write.is_empty:
+                    lag = max(lag, write.time - (write.time if frontier.is_empty else frontier.time))
         return lag
 
-    def _in_sync(self, replica: ReplicaState) -> bool:
-        lag = self._lag_ms(replica)
-        return replica.phase == "active" and lag is not None and lag <= self.options.max_lag_ms
+    def _in_sync(self, replica: ReplicaState, excused: Collection[str] = ()) -> bool:
+        """Active, no replica-wide errors, and for every dataflow not `excused`: not failed
+        on it, hydrated, and within `max_lag_ms` of W."""
+        if replica.phase != "active" or (replica.status is not None and replica.status.errors):
+            return False
+        if any(self._dataflow_error(replica, key) is not None for key in self.dataflows if key not in excused):
+            return False
+        lag = self._lag_ms(replica, excused)
+        return lag is not None and lag <= self.options.max_lag_ms
 
     def health(self) -> list[ReplicaHealth]:
+        """Each replica's health. `in_sync` is strict: a replica with a failed dataflow is
+        not in sync, even where no replica can serve that dataflow. `in_sync_where_served`
+        excuses the dataflows no replica serves: it is what `min_in_sync` counts when a
+        replica is dropped (see `check_drop_replica`)."""
+        excused = self._unservable()
         result = []
         for replica in self.replicas.values():
             lag = self._lag_ms(replica) if replica.phase == "active" else None
@@ -721,7 +913,8 @@ class ComputeInstance:
                     replica.epoch,
                     replica.phase,
                     hydrated=lag is not None,
-                    in_sync=replica.phase == "active" and lag is not None and lag <= self.options.max_lag_ms,
+                    in_sync=self._in_sync(replica),
+                    in_sync_where_served=self._in_sync(replica, excused),
                     lag_ms=lag,
                     peeks_won=replica.peeks_won,
                 )
@@ -729,8 +922,18 @@ class ComputeInstance:
         return result
 
     def state(self) -> Literal["healthy", "degraded", "unavailable"]:
+        """`healthy` when at least `min_in_sync` replicas (and at least one) are strictly
+        in sync, which implies every dataflow serves; `unavailable` when no replica is in
+        sync and no dataflow serves anywhere; `degraded` otherwise, e.g. when a dataflow
+        failed on every replica while the others serve (`unavailable_dataflows` names it)."""
         in_sync = sum(1 for h in self.health() if h.in_sync)
-        if in_sync == 0:
-            return "unavailable"
-        return "healthy" if in_sync >= self.options.min_in_sync else "degraded"
-
+        if in_sync >= max(1, self.options.min_in_sync):
+            return "healthy"
+        if in_sync:
+            return "degraded"
+        serving = any(
+            self._why_not_serving(r, key) is None
+            for key in self.names.values()
+            for r in self.replicas.values()
+        )
+        return "degraded" if serving else "unavailable"

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import fields
 from importlib import metadata
@@ -28,6 +28,7 @@ from controller._api import (
     CollectionView,
     ControllerApi,
     ControllerError,
+    DataflowStatusView,
     DataflowView,
     InstanceView,
     ReplicaView,
@@ -109,8 +110,12 @@ def _collection_to_proto(view: CollectionView) -> pb.CollectionView:
     return pb.CollectionView(**_fields(view))
 
 
+def _statuses_to_proto(statuses: Mapping[str, DataflowStatusView]) -> dict[str, pb.DataflowStatusView]:
+    return {name: pb.DataflowStatusView(**_fields(status)) for name, status in statuses.items()}
+
+
 def _replica_to_proto(view: ReplicaView) -> pb.ReplicaView:
-    return pb.ReplicaView(**_fields(view))
+    return pb.ReplicaView(**_fields(view, "dataflows"), dataflows=_statuses_to_proto(view.dataflows))
 
 
 def _instance_to_proto(view: InstanceView) -> pb.InstanceView:
@@ -127,7 +132,9 @@ def _source_to_proto(view: SourceView) -> pb.SourceView:
 
 def _dataflow_to_proto(view: DataflowView) -> pb.DataflowView:
     return pb.DataflowView(
-        **_fields(view, "index_key"), index_key=codec.strings_to_proto(view.index_key)
+        **_fields(view, "index_key", "replicas"),
+        index_key=codec.strings_to_proto(view.index_key),
+        replicas=_statuses_to_proto(view.replicas),
     )
 
 

@@ -36,14 +36,15 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 import grpc
 import pyarrow as pa
 
-from controller._api import ControllerError, DataflowView, InstanceView, ReplicaView, SourceView
+from controller._api import ControllerError, DataflowStatusView, DataflowView, InstanceView, ReplicaView, SourceView
 from controller.client import DEFAULT_ADDRESS, Client, QueryResult, TandemError
 
 # --- Tables ----------------------------------------------------------------------------
@@ -117,6 +118,8 @@ def _replicas(views: list[ReplicaView]) -> str:
             "PID",
             "PEEKS_WON",
             "RESUMED/REPLAYED",
+            "FAILURES",
+            "RETRY",
             "SPARK_MASTER",
             "ADDRESS",
         ],
@@ -132,12 +135,51 @@ def _replicas(views: list[ReplicaView]) -> str:
                 r.pid,
                 r.peeks_won,
                 f"{r.resumes}/{r.replays}",
+                r.consecutive_failures,
+                _retry(r.next_retry_ms),
                 r.spark_master,
                 r.address,
             ]
             for r in views
         ],
     )
+
+
+def _retry(next_retry_ms: int | None) -> str | None:
+    """When a failed replica connects again, from now (by this machine's clock)."""
+    if next_retry_ms is None:
+        return None
+    return f"in {max(0.0, next_retry_ms / 1000 - time.time()):.1f}s"
+
+
+def _replica_problems(views: Sequence[ReplicaView]) -> list[str]:
+    """A line per replica-wide error, and per replica failing again and again."""
+    lines = []
+    for r in views:
+        lines += [f"replica {r.name} reports: {error}" for error in r.errors]
+        if r.consecutive_failures:
+            lines.append(
+                f"replica {r.name} failed {r.consecutive_failures} time(s) in a row, "
+                f"last: {r.last_failure}"
+            )
+    return lines
+
+
+def _dataflow_statuses(views: Sequence[ReplicaView]) -> str | None:
+    """Each dataflow on each replica that reports it: its latest step and any error."""
+    rows = sorted(
+        [name, r.name, s.hydrated, s.steps, s.last_step_ms, s.rows_changed, s.error]
+        for r in views
+        for name, s in r.dataflows.items()
+    )
+    headers = ["DATAFLOW", "REPLICA", "HYDRATED", "STEPS", "LAST_STEP_MS", "ROWS_CHANGED", "ERROR"]
+    return format_table(headers, rows) if rows else None
+
+
+def _errors(statuses: Mapping[str, DataflowStatusView]) -> str | None:
+    """A dataflow's error on each replica where it failed; None where it failed nowhere."""
+    failed = sorted((replica, s.error) for replica, s in statuses.items() if s.error is not None)
+    return "; ".join(f"{replica}: {error}" for replica, error in failed) or None
 
 
 def _sources(views: list[SourceView]) -> str:
@@ -149,7 +191,7 @@ def _sources(views: list[SourceView]) -> str:
 
 def _dataflows(views: list[DataflowView]) -> str:
     return format_table(
-        ["INSTANCE", "NAME", "ID", "INDEX_KEY", "SINK", "COMPACTION_WINDOW_MS", "STRATEGY", "SCHEMA"],
+        ["INSTANCE", "NAME", "ID", "INDEX_KEY", "SINK", "COMPACTION_WINDOW_MS", "STRATEGY", "SCHEMA", "ERRORS"],
         [
             [
                 d.instance,
@@ -160,6 +202,7 @@ def _dataflows(views: list[DataflowView]) -> str:
                 d.compaction_window_ms,
                 d.strategy,
                 d.schema,
+                _errors(d.replicas),
             ]
             for d in views
         ],
@@ -176,23 +219,25 @@ def _index_key(key: tuple[str, ...] | None) -> str | None:
 
 
 def _status(views: list[InstanceView]) -> str:
+    """Per instance: its health and the dataflows nothing serves; its replicas and their
+    problems; each dataflow on each replica; its collections."""
     blocks = []
     for v in views:
         in_sync = sum(r.in_sync for r in v.replicas)
-        blocks.append(
+        head = [
             f"instance {v.name}: {v.health} ({in_sync} of {len(v.replicas)} replicas in sync, "
             f"min {v.min_in_sync}; max lag {v.max_lag_ms} ms; history {v.history_length} "
-            f"commands, {v.history_reductions} reductions, {v.commands_pushed} pushed)\n"
-            + _replicas(list(v.replicas))
-            + "\n\n"
-            + format_table(
-                ["COLLECTION", "ID", "SINCE", "WRITE_FRONTIER"],
-                [
-                    [c.name, c.id, _frontier(c.since), _frontier(c.write_frontier)]
-                    for c in v.collections
-                ],
-            )
+            f"commands, {v.history_reductions} reductions, {v.commands_pushed} pushed)",
+            *(f"dataflow {name} serves nowhere: {why}" for name, why in v.unavailable_dataflows.items()),
+            _replicas(list(v.replicas)),
+            *_replica_problems(v.replicas),
+        ]
+        collections = format_table(
+            ["COLLECTION", "ID", "SINCE", "WRITE_FRONTIER"],
+            [[c.name, c.id, _frontier(c.since), _frontier(c.write_frontier)] for c in v.collections],
         )
+        sections = ["\n".join(head), _dataflow_statuses(v.replicas), collections]
+        blocks.append("\n\n".join(s for s in sections if s is not None))
     return "\n\n".join(blocks)
 
 
@@ -789,7 +834,7 @@ def _parser() -> argparse.ArgumentParser:
     p = leaf(
         commands,
         "status",
-        "instances with their replicas and collections",
+        "instances with their replicas, dataflows and collections, and what fails",
         lambda c, a: c.status(a.instance),
         _status,
     )

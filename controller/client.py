@@ -30,7 +30,14 @@ import grpc
 import pyarrow as pa
 from google.protobuf.message import Message
 
-from controller._api import CollectionView, DataflowView, InstanceView, ReplicaView, SourceView
+from controller._api import (
+    CollectionView,
+    DataflowStatusView,
+    DataflowView,
+    InstanceView,
+    ReplicaView,
+    SourceView,
+)
 from history import OrderBy, Predicate, Scalar
 from protocol import ProtocolError
 from protocol import controller_codec as codec
@@ -448,8 +455,17 @@ def _names(names: Sequence[str] | None, what: str) -> tuple[str, ...] | None:
 # --- Views -----------------------------------------------------------------------------
 
 
+def _statuses(messages: Mapping[str, pb.DataflowStatusView]) -> dict[str, DataflowStatusView]:
+    # Sorted: a protobuf map keeps no order, and views should print alike every time.
+    return {name: DataflowStatusView(**codec.plain_fields(m)) for name, m in sorted(messages.items())}
+
+
 def _replica(message: pb.ReplicaView) -> ReplicaView:
-    return ReplicaView(**codec.plain_fields(message))
+    return ReplicaView(
+        **codec.plain_fields(message),
+        errors=tuple(message.errors),
+        dataflows=_statuses(message.dataflows),
+    )
 
 
 def _instance(message: pb.InstanceView) -> InstanceView:
@@ -457,6 +473,7 @@ def _instance(message: pb.InstanceView) -> InstanceView:
         **codec.plain_fields(message),
         replicas=tuple(_replica(m) for m in message.replicas),
         collections=tuple(CollectionView(**codec.plain_fields(m)) for m in message.collections),
+        unavailable_dataflows=dict(sorted(message.unavailable_dataflows.items())),
     )
 
 
@@ -466,7 +483,9 @@ def _source(message: pb.SourceView) -> SourceView:
 
 def _dataflow(message: pb.DataflowView) -> DataflowView:
     return DataflowView(
-        **codec.plain_fields(message), index_key=codec.strings_from_proto(message, "index_key")
+        **codec.plain_fields(message),
+        index_key=codec.strings_from_proto(message, "index_key"),
+        replicas=_statuses(message.replicas),
     )
 
 

@@ -48,6 +48,7 @@ from controller._api import (
     CollectionView,
     Consistency,
     ControllerError,
+    DataflowStatusView,
     DataflowView,
     InstanceView,
     ReadResult,
@@ -59,7 +60,7 @@ from controller._instance import ComputeInstance, Effect, InstanceError, Instanc
 from controller._orchestrator import Orchestrator, size_of
 from controller._planner import Planner
 from controller._upkeep import StorageUpkeep, UpkeepOptions
-from history import Frontier, Import, IndexTarget, Peek, PeekCanceled, PeekRows, RowSetFinishing, SqlTarget
+from history import DataflowStatus, Frontier, Import, IndexTarget, Peek, PeekCanceled, PeekRows, RowSetFinishing, SqlTarget
 from storage import Storage
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ T = TypeVar("T")
 
 ADVANCE_INTERVAL_S = 1.0
 RESIZE_POLL_S = 0.5
+RESPAWN_AFTER = 3  # failed attempts in a row before a live managed process is replaced
 
 _CATALOG_CODES: Mapping[type, str] = {
     NotFound: "NOT_FOUND",
@@ -217,14 +219,24 @@ class Controller:
         return driver
 
     async def _replica_address(self, instance: str, name: str, attempt: int) -> str:
-        """Where replica `name` listens now; a managed replica whose process died (or that
-        keeps refusing connections) is spawned again."""
+        """Where replica `name` listens now; a managed replica whose process died is
+        spawned again, and so is one whose process lives but failed `RESPAWN_AFTER`
+        attempts in a row (attempts count on across the replica's failed incarnations:
+        unreachable, refusing, or dying after it connected). A fenced controller leaves
+        the processes alone: they are the newer controller's now."""
         replica = await _blocking(self.catalog.get_replica, instance, name)
-        if replica.managed and attempt > 3 and self.orchestrator.alive(replica):
-            log.warning("replica %s/%s does not answer at %s; starting a new process", instance, name, replica.address)
+        if replica.managed and attempt > RESPAWN_AFTER and self.orchestrator.alive(replica) and not await self._fenced():
+            log.warning("replica %s/%s at %s failed %d times in a row; starting a new process", instance, name, replica.address, attempt - 1)
             self.orchestrator.stop(replica)
         launch_conf = self._launch_conf(instance)
         return await _blocking(self.orchestrator.ensure_running, replica, launch_conf)
+
+    async def _fenced(self) -> bool:
+        try:
+            await asyncio.to_thread(self.catalog.check_epoch)
+        except Fenced:
+            return True
+        return False
 
     def _launch_conf(self, instance: str) -> dict[str, str]:
         conf = self.drivers[instance].instance.config.conf()
@@ -322,7 +334,9 @@ class Controller:
             await self.add_replica(instance, name, size=size)
             added.append(name)
         deadline = time.monotonic() + timeout_ms / 1000
-        while not all(h.in_sync for h in driver.instance.health() if h.name in added):
+        # In sync where any replica serves, as drop_replica counts: a dataflow that failed
+        # on every replica must not hold the resize up (a larger size may be its cure).
+        while not all(h.in_sync_where_served for h in driver.instance.health() if h.name in added):
             if time.monotonic() > deadline:
                 raise ControllerError("DEADLINE_EXCEEDED", f"the new {size} replicas {added} did not get in sync within {timeout_ms} ms; the old replicas are kept")
             await asyncio.sleep(RESIZE_POLL_S)
@@ -418,7 +432,7 @@ class Controller:
         )
         desc = info.description()
         await driver.call(lambda inst: inst.create_dataflow(desc, compaction_window_ms))
-        return _dataflow_view(info)
+        return _dataflow_view(info, driver)
 
     async def _resolve(self, driver: InstanceDriver, table: str) -> tuple[Import, str, Frontier, Frontier]:
         """A name in SQL: an index of this instance, else a storage collection."""
@@ -443,7 +457,7 @@ class Controller:
     async def list_dataflows(self, instance: str | None = None) -> list[DataflowView]:
         if instance is not None:
             self._driver(instance)
-        return [_dataflow_view(d) for d in await _blocking(self.catalog.list_dataflows, instance)]
+        return [_dataflow_view(d, self.drivers.get(d.instance)) for d in await _blocking(self.catalog.list_dataflows, instance)]
 
     # --- Reads ----------------------------------------------------------------------------
 
@@ -570,7 +584,14 @@ def _source_view(info) -> SourceView:
     return SourceView(info.id, info.name, info.schema, _time(info.since), _time(info.upper))
 
 
-def _dataflow_view(info: DataflowInfo) -> DataflowView:
+def _status_view(status: DataflowStatus) -> DataflowStatusView:
+    return DataflowStatusView(status.hydrated, status.error, status.digest, status.last_step_ms, status.rows_changed, status.steps)
+
+
+def _dataflow_view(info: DataflowInfo, driver: InstanceDriver | None) -> DataflowView:
+    """The catalog's record of a dataflow, with what each replica last reported of it."""
+    replicas = [] if driver is None else sorted(driver.instance.replicas.values(), key=lambda r: r.name)
+    key = info.export_ids[0]  # the replicas' (and the instance's) id of the dataflow
     return DataflowView(
         id=info.id,
         instance=info.instance,
@@ -582,6 +603,7 @@ def _dataflow_view(info: DataflowInfo) -> DataflowView:
         sink_id=info.sink_id,
         compaction_window_ms=info.compaction_window_ms or 0,
         strategy=info.strategy,
+        replicas={r.name: _status_view(r.dataflow_status[key]) for r in replicas if key in r.dataflow_status},
     )
 
 
@@ -611,6 +633,12 @@ def _instance_view(driver: InstanceDriver, replicas: Mapping[str, ReplicaInfo], 
                 dataflows_built=status.dataflows_built if status else 0,
                 resumes=state.resumes,
                 replays=state.replays,
+                errors=status.errors if status else (),
+                # By name (unique in the instance); dataflows the catalog no longer has are left out.
+                dataflows=dict(sorted((names[id], _status_view(s)) for id, s in state.dataflow_status.items() if id in names)),
+                consecutive_failures=state.consecutive_failures,
+                last_failure=state.last_failure or None,
+                next_retry_ms=state.retry_at_ms if state.phase == "failed" else None,
             )
         )
     return InstanceView(
@@ -626,6 +654,7 @@ def _instance_view(driver: InstanceDriver, replicas: Mapping[str, ReplicaInfo], 
         collections=tuple(
             CollectionView(id, names.get(id, id), _time(c.since), _time(c.write_frontier)) for id, c in instance.collections.items()
         ),
+        unavailable_dataflows=dict(sorted(instance.unavailable_dataflows().items())),
     )
 
 

@@ -54,8 +54,31 @@ class CollectionView(_message.Message):
     write_frontier: int
     def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., since: _Optional[int] = ..., write_frontier: _Optional[int] = ...) -> None: ...
 
+class DataflowStatusView(_message.Message):
+    __slots__ = ("hydrated", "error", "digest", "last_step_ms", "rows_changed", "steps")
+    HYDRATED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    LAST_STEP_MS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_CHANGED_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    hydrated: bool
+    error: str
+    digest: str
+    last_step_ms: int
+    rows_changed: int
+    steps: int
+    def __init__(self, hydrated: _Optional[bool] = ..., error: _Optional[str] = ..., digest: _Optional[str] = ..., last_step_ms: _Optional[int] = ..., rows_changed: _Optional[int] = ..., steps: _Optional[int] = ...) -> None: ...
+
 class ReplicaView(_message.Message):
-    __slots__ = ("name", "size", "spark_master", "address", "managed", "state", "epoch", "pid", "in_sync", "hydrated", "lag_ms", "peeks_won", "dataflows_kept", "dataflows_built", "resumes", "replays")
+    __slots__ = ("name", "size", "spark_master", "address", "managed", "state", "epoch", "pid", "in_sync", "hydrated", "lag_ms", "peeks_won", "dataflows_kept", "dataflows_built", "resumes", "replays", "errors", "dataflows", "consecutive_failures", "last_failure", "next_retry_ms")
+    class DataflowsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: DataflowStatusView
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[DataflowStatusView, _Mapping]] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     SPARK_MASTER_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +95,11 @@ class ReplicaView(_message.Message):
     DATAFLOWS_BUILT_FIELD_NUMBER: _ClassVar[int]
     RESUMES_FIELD_NUMBER: _ClassVar[int]
     REPLAYS_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    DATAFLOWS_FIELD_NUMBER: _ClassVar[int]
+    CONSECUTIVE_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    LAST_FAILURE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_RETRY_MS_FIELD_NUMBER: _ClassVar[int]
     name: str
     size: str
     spark_master: str
@@ -88,10 +116,22 @@ class ReplicaView(_message.Message):
     dataflows_built: int
     resumes: int
     replays: int
-    def __init__(self, name: _Optional[str] = ..., size: _Optional[str] = ..., spark_master: _Optional[str] = ..., address: _Optional[str] = ..., managed: _Optional[bool] = ..., state: _Optional[str] = ..., epoch: _Optional[int] = ..., pid: _Optional[int] = ..., in_sync: _Optional[bool] = ..., hydrated: _Optional[bool] = ..., lag_ms: _Optional[int] = ..., peeks_won: _Optional[int] = ..., dataflows_kept: _Optional[int] = ..., dataflows_built: _Optional[int] = ..., resumes: _Optional[int] = ..., replays: _Optional[int] = ...) -> None: ...
+    errors: _containers.RepeatedScalarFieldContainer[str]
+    dataflows: _containers.MessageMap[str, DataflowStatusView]
+    consecutive_failures: int
+    last_failure: str
+    next_retry_ms: int
+    def __init__(self, name: _Optional[str] = ..., size: _Optional[str] = ..., spark_master: _Optional[str] = ..., address: _Optional[str] = ..., managed: _Optional[bool] = ..., state: _Optional[str] = ..., epoch: _Optional[int] = ..., pid: _Optional[int] = ..., in_sync: _Optional[bool] = ..., hydrated: _Optional[bool] = ..., lag_ms: _Optional[int] = ..., peeks_won: _Optional[int] = ..., dataflows_kept: _Optional[int] = ..., dataflows_built: _Optional[int] = ..., resumes: _Optional[int] = ..., replays: _Optional[int] = ..., errors: _Optional[_Iterable[str]] = ..., dataflows: _Optional[_Mapping[str, DataflowStatusView]] = ..., consecutive_failures: _Optional[int] = ..., last_failure: _Optional[str] = ..., next_retry_ms: _Optional[int] = ...) -> None: ...
 
 class InstanceView(_message.Message):
-    __slots__ = ("name", "health", "min_in_sync", "max_lag_ms", "replica_timeout_ms", "history_length", "history_reductions", "commands_pushed", "replicas", "collections")
+    __slots__ = ("name", "health", "min_in_sync", "max_lag_ms", "replica_timeout_ms", "history_length", "history_reductions", "commands_pushed", "replicas", "collections", "unavailable_dataflows")
+    class UnavailableDataflowsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     NAME_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
     MIN_IN_SYNC_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +142,7 @@ class InstanceView(_message.Message):
     COMMANDS_PUSHED_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     COLLECTIONS_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_DATAFLOWS_FIELD_NUMBER: _ClassVar[int]
     name: str
     health: str
     min_in_sync: int
@@ -112,7 +153,8 @@ class InstanceView(_message.Message):
     commands_pushed: int
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaView]
     collections: _containers.RepeatedCompositeFieldContainer[CollectionView]
-    def __init__(self, name: _Optional[str] = ..., health: _Optional[str] = ..., min_in_sync: _Optional[int] = ..., max_lag_ms: _Optional[int] = ..., replica_timeout_ms: _Optional[int] = ..., history_length: _Optional[int] = ..., history_reductions: _Optional[int] = ..., commands_pushed: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaView, _Mapping]]] = ..., collections: _Optional[_Iterable[_Union[CollectionView, _Mapping]]] = ...) -> None: ...
+    unavailable_dataflows: _containers.ScalarMap[str, str]
+    def __init__(self, name: _Optional[str] = ..., health: _Optional[str] = ..., min_in_sync: _Optional[int] = ..., max_lag_ms: _Optional[int] = ..., replica_timeout_ms: _Optional[int] = ..., history_length: _Optional[int] = ..., history_reductions: _Optional[int] = ..., commands_pushed: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaView, _Mapping]]] = ..., collections: _Optional[_Iterable[_Union[CollectionView, _Mapping]]] = ..., unavailable_dataflows: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class SourceView(_message.Message):
     __slots__ = ("id", "name", "schema", "since", "upper")
@@ -129,7 +171,14 @@ class SourceView(_message.Message):
     def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., schema: _Optional[str] = ..., since: _Optional[int] = ..., upper: _Optional[int] = ...) -> None: ...
 
 class DataflowView(_message.Message):
-    __slots__ = ("id", "instance", "name", "sql", "schema", "index_id", "index_key", "sink_id", "compaction_window_ms", "strategy")
+    __slots__ = ("id", "instance", "name", "sql", "schema", "index_id", "index_key", "sink_id", "compaction_window_ms", "strategy", "replicas")
+    class ReplicasEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: DataflowStatusView
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[DataflowStatusView, _Mapping]] = ...) -> None: ...
     ID_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +189,7 @@ class DataflowView(_message.Message):
     SINK_ID_FIELD_NUMBER: _ClassVar[int]
     COMPACTION_WINDOW_MS_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     id: str
     instance: str
     name: str
@@ -150,7 +200,8 @@ class DataflowView(_message.Message):
     sink_id: str
     compaction_window_ms: int
     strategy: str
-    def __init__(self, id: _Optional[str] = ..., instance: _Optional[str] = ..., name: _Optional[str] = ..., sql: _Optional[str] = ..., schema: _Optional[str] = ..., index_id: _Optional[str] = ..., index_key: _Optional[_Union[_compute_pb2.StringList, _Mapping]] = ..., sink_id: _Optional[str] = ..., compaction_window_ms: _Optional[int] = ..., strategy: _Optional[str] = ...) -> None: ...
+    replicas: _containers.MessageMap[str, DataflowStatusView]
+    def __init__(self, id: _Optional[str] = ..., instance: _Optional[str] = ..., name: _Optional[str] = ..., sql: _Optional[str] = ..., schema: _Optional[str] = ..., index_id: _Optional[str] = ..., index_key: _Optional[_Union[_compute_pb2.StringList, _Mapping]] = ..., sink_id: _Optional[str] = ..., compaction_window_ms: _Optional[int] = ..., strategy: _Optional[str] = ..., replicas: _Optional[_Mapping[str, DataflowStatusView]] = ...) -> None: ...
 
 class ReadResult(_message.Message):
     __slots__ = ("rows_arrow", "timestamp", "replica")

@@ -28,7 +28,9 @@ What is modelled:
   catalog record. A broken stream is reported with `replica_failed`.
 - **Faults** (seeded): crash (state and connection lost, back after a while), hang (no
   messages at all, heartbeats included), slow (every delay 10x), duplicate responses,
-  late responses (what was in flight on a closed connection arrives after the reconnect,
+  peek errors (for a while, half the peeks it answers get an error instead), refusals
+  (it crashes, then refuses every `Hello` for a while, as a process that keeps dying at
+  start-up or a fenced controller sees), late responses (what was in flight on a closed connection arrives after the reconnect,
   tagged with the old epoch) and controller restart (a new `ComputeInstance` rebuilt from
   the catalog record: live dataflows with `as_of` = their last recorded since, then the
   replicas, which keep their state and reconcile).
@@ -46,7 +48,10 @@ reading it; the history stays within twice the live bound at the last reduction,
 reduction within `3 + pending peeks + sum over dataflows of (1 + exports)`; health is one
 of healthy/degraded/unavailable; a replica called hydrated has computed every live
 dataflow; no replica ever computes from an over-compacted input or refuses a peek; every
-answer equals the reference answer and no peek is answered twice. At the end
+answer equals the reference answer and no peek is answered twice; an error answers a peek
+only if every active replica answered it with an error in its current incarnation, and
+it names each replica that did; no replica is connected more than three times in any
+second (failed incarnations back off). At the end
 (`check_final`): every peek answered exactly once (none, for peeks pending when the
 controller restarted: their client saw the connection fail), the instance healthy, every
 replica connected at its epoch and running exactly the live dataflows, and every storage
@@ -110,6 +115,9 @@ SOURCE = "u1"
 CONFIG = InstanceConfig.of("sim", {"spark.sql.shuffle.partitions": "2"})
 EMPTY = Frontier.empty()
 HEALTH_STATES = ("healthy", "degraded", "unavailable")
+# With the default backoff (at once, then 500 ms, 1 s, ...), a replica that fails again
+# and again connects at most three times in any second.
+MAX_CONNECTS_PER_S = 3
 _INFINITY = float("inf")
 
 
@@ -308,6 +316,8 @@ class SimReplica:
         self.slow_until = 0
         self.duplicate_until = 0
         self.late_until = 0
+        self.erring_until = 0  # answers peeks with errors, now and then, while set
+        self.refusing_until = 0  # refuses every Hello while set
         self.retired = False  # dropped from the instance: the process is gone
         self.running: dict[str, Running] = {}  # first export id -> dataflow
         self.owner: dict[str, str] = {}  # export id -> first export id
@@ -584,7 +594,10 @@ class SimReplica:
 
     def _answer_peeks(self, conn: SimConnection, now: int) -> None:
         for uuid, peek in list(conn.pending.items()):
-            result = self._peek_result(peek)
+            if now < self.erring_until and self.sim.rng.random() < 0.5:
+                result: PeekRows | PeekError | None = PeekError(f"simulated failure on {self.name}")
+            else:
+                result = self._peek_result(peek)
             if result is not None:
                 del conn.pending[uuid]
                 self._send(conn, now, PeekResponse(uuid, result))
@@ -686,6 +699,8 @@ class Simulation:
         self.replicas: dict[str, SimReplica] = {}
         self.conns: dict[str, SimConnection] = {}  # the driver's current connection per replica
         self.pending_connects: dict[str, tuple[int, int]] = {}  # name -> (epoch, when)
+        # (generation, name) -> the times of its Connects in the last second.
+        self.connects: dict[tuple[int, str], deque[int]] = {}
         self.resume_offers: dict[str, Resume | None] = {}  # name -> the pending Connect's offer
         self.next_nonce = 1
         self.broken: list[tuple[int, str, int]] = []  # (when, name, epoch) to report
@@ -693,6 +708,8 @@ class Simulation:
         self.late: list[tuple[int, str, int, ComputeResponse]] = []  # (when, name, epoch, response)
         # Client.
         self.peeks: dict[str, IssuedPeek] = {}
+        # Peek uuid -> (replica, epoch) of each error answer the instance took.
+        self.peek_errors: dict[str, set[tuple[str, int]]] = {}
         self.next_id = 2  # u1 is the source
         self.floor: dict[str, int] = {}  # export id -> its since before a controller restart
         self.next_replica = 1
@@ -753,7 +770,7 @@ class Simulation:
         for replica in self.replicas.values():
             replica.hung_until = replica.slow_until = replica.duplicate_until = (
                 replica.late_until
-            ) = 0
+            ) = replica.erring_until = replica.refusing_until = 0
             if replica.down_until is not None:
                 replica.down_until = self.now
         while len(self.instance.replicas) < max(1, self.options.min_in_sync):
@@ -850,6 +867,12 @@ class Simulation:
 
     def _connect(self, effect: Connect) -> None:
         self.event(f"Connect {effect.replica} epoch {effect.epoch}" + (f" resume {effect.resume}" if effect.resume else ""))
+        recent = self.connects.setdefault((self.generation, effect.replica), deque())
+        recent.append(self.now)
+        while recent[0] <= self.now - 1_000:
+            recent.popleft()
+        if len(recent) > MAX_CONNECTS_PER_S:
+            self.fail(f"{effect.replica} connected {len(recent)} times within 1000 ms: no backoff")
         self.pending_connects[effect.replica] = (effect.epoch, self.now + self.rng.randint(1, 60))
         self.resume_offers[effect.replica] = effect.resume
 
@@ -879,10 +902,31 @@ class Simulation:
                     f"{effect.replica}: {result.arrow_ipc[:200]!r}, expected {expected[:200]!r}"
                 )
             self.stats["peeks answered"] += 1
+            if effect.uuid in self.peek_errors:
+                self.stats["peeks answered with rows after an error"] += 1
         elif isinstance(result, PeekError) and effect.replica is None and issued.cancelled:
             self.stats["peeks cancelled by the client"] += 1
+        elif isinstance(result, PeekError) and effect.replica is None:
+            self._check_error_answer(effect.uuid, result.message)
+            self.stats["peeks answered with errors"] += 1
         else:
             self.fail(f"peek {effect.uuid} answered with {result!r} from {effect.replica}")
+
+    def _check_error_answer(self, uuid: str, message: str) -> None:
+        """An error answers a peek only if every active replica answered it with an
+        error (in its current incarnation), and the answer names each replica that did."""
+        errored = self.peek_errors.get(uuid, set())
+        if not errored:
+            self.fail(f"peek {uuid} answered with errors no replica gave: {message}")
+        for replica in self.instance.replicas.values():
+            if replica.phase == "active" and (replica.name, replica.epoch) not in errored:
+                self.fail(
+                    f"peek {uuid} answered with errors ({message}) while replica "
+                    f"{replica.name} (epoch {replica.epoch}) could still answer it"
+                )
+        for name, _ in errored:
+            if f"replica {name}: " not in message:
+                self.fail(f"peek {uuid}: the error answer does not name {name}: {message}")
 
     def _storage_hold(self, effect: StorageHold) -> None:
         key = (effect.id, effect.holder)
@@ -943,6 +987,12 @@ class Simulation:
                 self.pending_connects[name] = (epoch, self.now + self.rng.randint(50, 250))
                 continue
             del self.pending_connects[name]
+            if self.now < replica.refusing_until:  # answers Hello with a refusal
+                self.resume_offers.pop(name, None)
+                self.event(f"refused {name} epoch {epoch}")
+                self.stats["connections refused"] += 1
+                self.call(self.instance.replica_failed, name, epoch, "refused (simulated)")
+                continue
             old = self.conns.get(name)
             if old is not None:
                 self.close(old)
@@ -961,7 +1011,19 @@ class Simulation:
         for name, conn in list(self.conns.items()):
             while conn.open and conn.outbound and conn.outbound[0][0] <= self.now:
                 _, response = conn.outbound.popleft()
+                self._note_peek_error(name, conn.epoch, response)
                 self.call(self.instance.handle_response, name, conn.epoch, response)
+
+    def _note_peek_error(self, name: str, epoch: int, response: ComputeResponse) -> None:
+        """Record a peek error the instance takes as replica `name`'s answer in `epoch`."""
+        replica = self.instance.replicas.get(name)
+        if (
+            isinstance(response, PeekResponse)
+            and isinstance(response.result, PeekError)
+            and replica is not None
+            and (replica.epoch, replica.phase) == (epoch, "active")
+        ):
+            self.peek_errors.setdefault(response.uuid, set()).add((name, epoch))
 
     def _deliver_late(self) -> None:
         while self.late and self.late[0][0] <= self.now:
@@ -970,6 +1032,7 @@ class Simulation:
             if current is not None and current.epoch == epoch and current.phase == "active":
                 # The controller has not noticed the broken stream yet: for it, this is
                 # an ordinary response of the current connection.
+                self._note_peek_error(name, epoch, response)
                 self.call(self.instance.handle_response, name, epoch, response)
                 continue
             self.stats["late responses delivered"] += 1
@@ -990,7 +1053,10 @@ class Simulation:
         if rng.random() >= self.options.fault_rate or not self.replica_names:
             return
         replica = self.replicas[rng.choice(self.replica_names)]
-        kind = rng.choices(("crash", "hang", "slow", "duplicate", "late"), (3, 3, 3, 2, 2))[0]
+        kind = rng.choices(
+            ("crash", "hang", "slow", "duplicate", "late", "peek errors", "refuse"),
+            (3, 3, 3, 2, 2, 3, 2),
+        )[0]
         self.stats[f"fault {kind}"] += 1
         self.event(f"fault {kind} {replica.name}")
         if kind == "crash":
@@ -1001,6 +1067,13 @@ class Simulation:
             replica.slow_until = self.now + rng.randint(1_000, 8_000)
         elif kind == "duplicate":
             replica.duplicate_until = self.now + rng.randint(1_000, 5_000)
+        elif kind == "peek errors":
+            replica.erring_until = self.now + rng.randint(500, 4_000)
+        elif kind == "refuse":
+            # Refuses every Hello (a process that keeps dying at start-up, or fenced) and
+            # is failed now, so that the instance retries: it must back off.
+            replica.refusing_until = self.now + rng.randint(1_000, 8_000)
+            self.crash(replica, self.now)
         else:
             # A congested link that then breaks: what was in flight arrives after the
             # reconnect, tagged with the old epoch.
@@ -1231,9 +1304,11 @@ class Simulation:
             return
         name = self.rng.choice(self.replica_names)
         force = self.rng.random() < 0.3
-        others = sum(1 for h in self.instance.health() if h.in_sync and h.name != name)
-        own = next(h for h in self.instance.health() if h.name == name)
-        if not force and own.in_sync and others < self.options.min_in_sync:
+        # min_in_sync counts replicas in sync for every dataflow some replica serves.
+        health = self.instance.health()
+        others = sum(1 for h in health if h.in_sync_where_served and h.name != name)
+        own = next(h for h in health if h.name == name)
+        if not force and own.in_sync_where_served and others < self.options.min_in_sync:
             self.refused("FAILED_PRECONDITION", self.instance.drop_replica, name)
             return
         self.event(f"drop_replica {name} force={force}")

@@ -13,7 +13,7 @@ import types
 from pathlib import Path
 
 import pytest
-from test_client_api import FakeApi, ServerThread, free_address, populated
+from test_client_api import FakeApi, ServerThread, fail_kept, free_address, populated
 
 import controller
 from controller.cli import format_table, main
@@ -355,6 +355,7 @@ def test_dataflow_create_list_drop(tandem, api):
         "index_key": ("region", "id"),
         "materialize": True,
         "compaction_window_ms": 60000,
+        "strategy": "auto",
     }
     tandem("dataflow", "create", "prod", "rows", "--sql", "SELECT * FROM orders", "--index-key", "")
     assert api.last("create_dataflow")[1]["index_key"] == ()
@@ -492,6 +493,53 @@ def test_status_shows_replicas_and_collections(tandem, api):
         "since": None,
         "write_frontier": None,
     }
+
+
+def test_status_and_dataflow_list_say_what_fails(tandem, api, monkeypatch):
+    tandem("dataflow", "create", "prod", "kept", "--sql", "SELECT * FROM orders", "--materialize")
+    fail_kept(api)
+    # This machine's clock, 4.25 s before the retry.
+    monkeypatch.setattr("controller.cli.time", types.SimpleNamespace(time=lambda: 1_700_000_000 - 4.25))
+
+    code, out, _ = tandem("status", "prod")
+
+    lines = out.splitlines()
+    assert code == 0 and lines[0].startswith("instance prod: healthy")
+    assert lines[1] == "dataflow kept serves nowhere: failed on r1: division by zero"
+    header, row = lines[2].split(), lines[4].split()
+    assert row[header.index("FAILURES")] == "3" and row[header.index("RETRY") :][:2] == ["in", "4.2s"]
+    assert lines[5:8] == [
+        "replica r1 reports: no live executors",
+        "replica r1 reports: disk full",
+        "replica r1 failed 3 time(s) in a row, last: refused (STALE_EPOCH): epoch 1 < 2",
+    ]
+    assert [line.split() for line in lines[9:13]] == [
+        ["DATAFLOW", "REPLICA", "HYDRATED", "STEPS", "LAST_STEP_MS", "ROWS_CHANGED", "ERROR"],
+        ["--------", "-------", "--------", "-----", "------------", "------------", "-" * 16],
+        ["by_id", "r1", "true", "12", "340", "4", "-"],
+        ["kept", "r1", "false", "0", "0", "0", "division", "by", "zero"],
+    ]
+    assert lines[14].split() == ["COLLECTION", "ID", "SINCE", "WRITE_FRONTIER"]
+    (view,) = json.loads(tandem("status", "prod", "--json")[1])
+    assert view["unavailable_dataflows"] == {"kept": "failed on r1: division by zero"}
+    r1 = view["replicas"][0]
+    assert r1["errors"] == ["no live executors", "disk full"]
+    assert r1["dataflows"]["by_id"] == {
+        "hydrated": True,
+        "error": None,
+        "digest": "ab12",
+        "last_step_ms": 340,
+        "rows_changed": 4,
+        "steps": 12,
+    }
+    assert (r1["consecutive_failures"], r1["next_retry_ms"]) == (3, 1_700_000_000_000)
+
+    code, out, _ = tandem("dataflow", "list", "prod")
+    assert out.splitlines()[0].split()[-1] == "ERRORS"
+    assert out.splitlines()[3].endswith("r1: division by zero")
+    assert out.splitlines()[2].endswith("-")  # by_id failed nowhere
+    listed = json.loads(tandem("dataflow", "list", "prod", "--json")[1])
+    assert listed[1]["replicas"]["r1"]["error"] == "division by zero"
 
 
 # --- Errors and the address ------------------------------------------------------------

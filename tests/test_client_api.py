@@ -19,6 +19,7 @@ import operator
 import socket
 import threading
 from collections import Counter
+from dataclasses import replace
 from importlib import metadata
 from typing import Any
 
@@ -32,6 +33,7 @@ from protocol_strategies import predicates, scalar_tuples, texts
 from controller._api import (
     CollectionView,
     ControllerError,
+    DataflowStatusView,
     DataflowView,
     InstanceView,
     ReadResult,
@@ -78,6 +80,7 @@ class FakeApi:
         self.sources: dict[str, SourceView] = {}
         self.batches: dict[str, list[pa.Table]] = {}  # source -> appended batches
         self.dataflows: dict[tuple[str, str], DataflowView] = {}
+        self.unavailable: dict[str, dict[str, str]] = {}  # instance -> dataflow -> why
         self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
         self.fail: BaseException | None = None
         self.delay = 0.0
@@ -124,6 +127,7 @@ class FakeApi:
             10,
             replicas,
             tuple(collections),
+            self.unavailable.get(name, {}),
         )
 
     async def create_instance(
@@ -322,7 +326,16 @@ class FakeApi:
 
     async def list_dataflows(self, instance=None):
         await self._enter("list_dataflows", instance)
-        return [d for (i, _), d in self.dataflows.items() if instance in (None, i)]
+        return [
+            replace(d, replicas=self._statuses(i, d.name))
+            for (i, _), d in self.dataflows.items()
+            if instance in (None, i)
+        ]
+
+    def _statuses(self, instance: str, dataflow: str) -> dict[str, DataflowStatusView]:
+        """What each replica view says of `dataflow`, as the runtime gathers it."""
+        replicas = self.replicas.get(instance, {}).values()
+        return {r.name: r.dataflows[dataflow] for r in replicas if dataflow in r.dataflows}
 
     def _snapshot(self, source: str) -> list[dict[str, Any]]:
         counts: Counter[tuple[tuple[str, Any], ...]] = Counter()
@@ -598,6 +611,46 @@ def test_status_views_arrive_equal_to_the_api_views(client, api, server):
     assert CollectionView("m2", "kept (sink)", None, None) in collections
 
 
+def failing(view: ReplicaView) -> ReplicaView:
+    """`view`, with every field a struggling replica fills."""
+    return replace(
+        view,
+        errors=("no live executors", "disk full"),
+        dataflows={
+            "by_id": DataflowStatusView(True, None, "ab12", 340, 4, 12),
+            "kept": DataflowStatusView(False, "division by zero", "", 0, 0, 0),
+        },
+        consecutive_failures=3,
+        last_failure="refused (STALE_EPOCH): epoch 1 < 2",
+        next_retry_ms=1_700_000_000_000,
+    )
+
+
+def fail_kept(api: FakeApi) -> None:
+    """Replica r1 of `prod` reports `kept` failed, and nothing else serves it."""
+    api.replicas["prod"]["r1"] = failing(api.replicas["prod"]["r1"])
+    api.unavailable["prod"] = {"kept": "failed on r1: division by zero"}
+
+
+def test_failures_errors_and_dataflow_statuses_arrive_complete(client, api, server):
+    populated(client)
+    client.create_dataflow("prod", "kept", "SELECT * FROM orders", materialize=True)
+    client.add_replica("prod", "r2")
+    fail_kept(api)
+
+    (view,) = client.status("prod")
+
+    assert [view] == server.run(api.status("prod"))
+    assert view.unavailable_dataflows == {"kept": "failed on r1: division by zero"}
+    r1, r2 = view.replicas
+    assert r1.dataflows["kept"].error == "division by zero" and r1.next_retry_ms == 1_700_000_000_000
+    assert (r2.errors, r2.dataflows, r2.last_failure, r2.next_retry_ms) == ((), {}, None, None)
+    dataflows = client.list_dataflows("prod")
+    assert dataflows == server.run(api.list_dataflows("prod"))
+    assert dataflows[1].replicas == {"r1": DataflowStatusView(False, "division by zero", "", 0, 0, 0)}
+    assert dataflows[0].replicas["r1"].error is None  # absent, not ""
+
+
 def test_sources_and_append_of_mappings_keep_python_types(client, api):
     view = client.create_source(
         "events",
@@ -642,6 +695,14 @@ def test_rows_the_client_cannot_send_are_refused_before_sending(client, api, row
     assert not api.calls
 
 
+def test_the_strategy_goes_to_the_api_and_comes_back_with_the_reason(client, api):
+    populated(client)
+    forced = client.create_dataflow("prod", "forced", "SELECT * FROM orders", index_key=(), strategy="recompute")
+    assert api.last("create_dataflow")[1]["strategy"] == "recompute"
+    assert forced.strategy == "recompute: asked for"
+    assert client.list_dataflows("prod")[-1].strategy == "recompute: asked for"
+
+
 def test_dataflows_round_trip(client, api):
     populated(client)
     client.create_instance("dev")
@@ -656,6 +717,7 @@ def test_dataflows_round_trip(client, api):
         "index_key": (),
         "materialize": False,
         "compaction_window_ms": 0,
+        "strategy": "auto",
     }
     assert [d.name for d in client.list_dataflows()] == ["by_id", "copy", "rows"]
     assert [d.name for d in client.list_dataflows("dev")] == ["copy", "rows"]

@@ -64,6 +64,35 @@ def test_two_replicas_serve_a_dataflow(cluster):
     assert status.health == "healthy"
 
 
+def test_a_dataflow_failing_everywhere_is_loud_and_the_others_still_serve(cluster):
+    client: Client = cluster["client"]
+    # ANSI mode: a division by zero fails the dataflow's first step on every replica.
+    client.create_dataflow("main", "broken", "select id, 1 / (id - id) as x from sales", index_key=["id"])
+    view = wait_until(
+        lambda: (v := client.status("main")[0])
+        and all(r.dataflows.get("broken") and r.dataflows["broken"].error for r in v.replicas)
+        and v,
+        120,
+        "both replicas report the dataflow failed",
+    )
+    assert view.health == "degraded" and not any(r.in_sync for r in view.replicas)
+    why = view.unavailable_dataflows["broken"]
+    assert why.startswith("failed on r1: ") and "; failed on r2: " in why and "DIVIDE_BY_ZERO" in why
+    started = time.monotonic()
+    with pytest.raises(TandemError) as error:
+        client.peek("main", "broken", timeout_ms=60_000)
+    assert error.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert error.value.message.startswith("replica r1: dataflow broken failed: ")
+    assert "; replica r2: dataflow broken failed: " in error.value.message
+    assert time.monotonic() - started < 10  # at once, not after the timeout
+    (listed,) = [d for d in client.list_dataflows("main") if d.name == "broken"]
+    assert sorted(listed.replicas) == ["r1", "r2"] and all(s.error for s in listed.replicas.values())
+    assert client.peek("main", "totals", key="north").rows  # the other dataflow serves
+
+    client.drop_dataflow("main", "broken")
+    wait_until(lambda: client.status("main")[0].health == "healthy", 60, "healthy again")
+
+
 def test_bad_input_gets_the_right_status_and_writes_nothing(cluster):
     client: Client = cluster["client"]
     def catalog_contents():  # what a refused request must not change (uppers move on their own)

@@ -3,12 +3,14 @@
 The random runs drive the instance with `simulation.Simulation`: a client workload
 (dataflows, some importing others' indexes; serializable, explicit-time and SQL peeks;
 drops; replica adds and drops; refused commands) interleaved with crashes, hangs, slow
-replicas, duplicate and late responses and controller restarts. After every call into
-the instance the simulator checks that W, every replica's frontier and every since never
-regress, that no since passes a hold, that an input's since never passes the write
-frontier an active replica reported for a dataflow reading it, that the history stays
-bounded, and that a replica called hydrated has computed; every peek answer must equal
-the reference answer at the peek's time. At the end faults stop, the system quiesces,
+replicas, duplicate and late responses, peeks answered with errors, refused connections
+and controller restarts. After every call into the instance the simulator checks that W,
+every replica's frontier and every since never regress, that no since passes a hold,
+that an input's since never passes the write frontier an active replica reported for a
+dataflow reading it, that the history stays bounded, and that a replica called hydrated
+has computed; every peek answer must equal the reference answer at the peek's time, and
+an error may answer a peek only once every active replica has answered it with one, and
+no replica may reconnect in a hot loop. At the end faults stop, the system quiesces,
 every peek must have been answered exactly once and the instance must be healthy with
 every replica running exactly the live dataflows.
 
@@ -22,6 +24,7 @@ from dataclasses import replace
 
 import pytest
 
+from catalog import DEFAULT_MAX_LAG_MS, DEFAULT_MIN_IN_SYNC, DEFAULT_REPLICA_TIMEOUT_MS
 from controller._instance import (
     ComputeInstance,
     Connect,
@@ -41,6 +44,7 @@ from history import (
     CreateDataflow,
     CreateInstance,
     DataflowDescription,
+    DataflowStatus,
     Frontier,
     FrontiersResponse,
     Import,
@@ -49,6 +53,7 @@ from history import (
     InitializationComplete,
     Peek,
     PeekCanceled,
+    PeekError,
     PeekResponse,
     PeekRows,
     Resume,
@@ -245,7 +250,8 @@ def test_a_live_replica_resumes_its_session_with_just_the_commands_it_missed(los
     assert PeekDone("p1", rows("a"), "r1") in effects
     # The session's position still maps: a second break resumes after what was sent.
     sent_after = sent_to(effects, "r1")
-    effects = instance.replica_failed("r1", 2, "stream broken again")
+    instance.replica_failed("r1", 2, "stream broken again")
+    instance.tick(500)  # a second failure in a row waits retry_base_ms
     (send,) = instance.replica_connected("r1", 3, "r1-3", True, len(received) + len(suffix) + len(sent_after))
     assert [type(c) for c in send.commands] == [Peek]  # only p2 is pending: sent again
 
@@ -259,6 +265,7 @@ def test_a_session_cut_partway_through_a_resume_resumes_again():
     batch = list(send.commands)  # the pending peek again, then the 24
     received += batch[:10]  # cut again after 10 of them
     instance.replica_failed("r1", 2, "stream broken again")
+    instance.tick(500)
 
     (send,) = instance.replica_connected("r1", 3, "r1-3", True, len(received))
 
@@ -279,7 +286,7 @@ def test_a_session_is_not_resumed_once_what_it_missed_left_the_window():
     # The replica resumed (it could not know), but its suffix is gone: fail it, and offer
     # no resume to the next incarnation, which replays the reduced history.
     assert effects[0] == Disconnect("r1", 2)
-    assert Connect("r1", 3, None) in effects
+    assert Connect("r1", 3, None, failures=2) in instance.tick(500)
     replay = connect(instance, "r1")
     assert replay[0] == CreateInstance(CONFIG) and apply(replay) == apply(instance.history.commands)
     assert (instance.replicas["r1"].resumes, instance.replicas["r1"].replays) == (0, 2)
@@ -303,21 +310,27 @@ def test_a_failed_replica_holds_its_inputs_until_its_resume_offer_expires():
     assert instance.dataflows["u2"].input_holds["u1"] == Frontier(200)  # r1 lags
 
     instance.tick(1_000)
-    effects = instance.replica_failed("r1", 1, "stream broken")  # detached at 1000
+    instance.replica_failed("r1", 1, "stream broken")  # detached at 1000
     report(instance, "r2", "u2", 600)
     # Its session may resume at 200 and read its inputs from there: they stay held, even
-    # as new incarnations fail before answering Hello.
-    for epoch, now in [(2, 1_400), (3, 1_800)]:
-        assert instance.tick(now) == []
-        effects = instance.replica_failed("r1", epoch, "no answer to Hello within 10 s")
-        assert storage_holds(effects) == [] and instance.dataflows["u2"].input_holds["u1"] == Frontier(200)
+    # as new incarnations fail before answering Hello (and back off: 500 ms, then 1 s).
+    assert instance.tick(1_400) == []
+    effects = instance.replica_failed("r1", 2, "no answer to Hello within 10 s")
+    assert storage_holds(effects) == [] and instance.dataflows["u2"].input_holds["u1"] == Frontier(200)
+    assert instance.tick(1_899) == []
+    (connect_3,) = instance.tick(1_900)
+    assert connect_3.resume.nonce == "r1-1"  # still offering the session
+    effects = instance.replica_failed("r1", 3, "no answer to Hello within 10 s")  # waits until 2900
+    assert storage_holds(effects) == [] and instance.dataflows["u2"].input_holds["u1"] == Frontier(200)
     assert instance.tick(2_000) == []  # exactly the timeout since it detached
 
     effects = instance.tick(2_001)
 
-    assert Connect("r1", 5, None) in effects  # the offer is withdrawn ...
-    assert storage_holds(effects) == [Frontier(599)]  # ... and with it the hold: u2's since (W - 1)
+    # The offer is withdrawn, and with it the hold: u2's since (W - 1).
+    assert storage_holds(effects) == [Frontier(599)]
     assert instance.replicas["r1"].frontiers == {} and instance.replicas["r1"].session is None
+    assert instance.tick(2_899) == []
+    assert instance.tick(2_900) == [Connect("r1", 4, None, failures=3)]  # offering nothing
 
 
 def test_a_new_session_elsewhere_does_not_spoil_a_resume_in_flight():
@@ -380,17 +393,70 @@ def test_a_hung_replica_is_failed_after_replica_timeout_ms():
     assert instance.tick(4_500) == []  # silent for exactly the timeout: still fine
     effects = instance.tick(4_501)
 
-    assert Disconnect("r1", 1) in effects and Connect("r1", 2, Resume("r1-1", 2)) in effects
+    assert Disconnect("r1", 1) in effects and Connect("r1", 2, Resume("r1-1", 2), failures=1) in effects
     replica = instance.replicas["r1"]
     assert (replica.phase, replica.epoch, replica.failures) == ("connecting", 2, 1)
     assert replica.last_failure == "no message for 2001 ms"
     # Its resume offer (and the input holds kept for it) expire after the timeout too;
-    # the next incarnation starts a new session and waits for as long as it takes.
+    # the next incarnation (a second failure: after 500 ms) starts a new session and
+    # waits for as long as it takes.
     assert instance.tick(6_501) == []
     effects = instance.tick(6_502)
-    assert Disconnect("r1", 2) in effects and Connect("r1", 3, None) in effects
+    assert Disconnect("r1", 2) in effects
     assert replica.last_failure == "did not resume its session within 2001 ms"
+    assert Connect("r1", 3, None, failures=2) in instance.tick(7_002)
     assert instance.tick(20_000) == []
+
+
+def test_a_replica_that_keeps_failing_backs_off_across_incarnations():
+    """A replica that refuses right after connecting (a fenced controller, a refused
+    CreateInstance) or whose process keeps dying was connected again at once, forever.
+    Its incarnations now back off, 500 ms doubling to 30 s, and each Connect carries the
+    failures in a row (the runtime replaces a process that keeps failing); once it
+    stayed active for stable_ms, a failure reconnects at once again."""
+    instance = new_instance(replica_timeout_ms=100_000)
+    effects, now, connects = instance.add_replica("r1"), 0, []
+    while True:
+        (connect,) = [e for e in effects if isinstance(e, Connect)]
+        connects.append((now, connect.failures))
+        if len(connects) == 11:
+            break
+        effects = instance.replica_failed("r1", connect.epoch, "refused (STALE_EPOCH): epoch 1 < 2")
+        while not any(isinstance(e, Connect) for e in effects):
+            assert instance.replicas["r1"].retry_at_ms > now  # failed, waiting
+            now += 100
+            effects = instance.tick(now)
+
+    assert connects == [
+        (0, 0),
+        (0, 1),  # a first failure: at once (a live process resumes its session)
+        (500, 2),
+        (1_500, 3),
+        (3_500, 4),
+        (7_500, 5),
+        (15_500, 6),
+        (31_500, 7),
+        (61_500, 8),  # capped at 30 s
+        (91_500, 9),
+        (121_500, 10),
+    ]
+    replica = instance.replicas["r1"]
+    assert (replica.consecutive_failures, replica.failures) == (10, 10)
+    instance.replica_connected("r1", connect.epoch, "r1-new")
+    for now in range(now, now + 60_001, 10_000):  # active (and heard from) for stable_ms
+        instance.handle_response("r1", connect.epoch, StatusResponse(1))
+        instance.tick(now)
+    assert replica.consecutive_failures == 0
+    effects = instance.replica_failed("r1", connect.epoch, "stream broken")
+    assert Connect("r1", connect.epoch + 1, Resume("r1-new", 2), failures=1) in effects
+
+
+def test_instance_options_default_to_the_catalogs():
+    """One source for an instance's defaults: a ComputeInstance built without options
+    behaves as one the catalog records with its defaults."""
+    assert InstanceOptions() == InstanceOptions(
+        DEFAULT_MIN_IN_SYNC, DEFAULT_MAX_LAG_MS, DEFAULT_REPLICA_TIMEOUT_MS
+    )
 
 
 def test_drop_replica_is_refused_below_min_in_sync_without_force():
@@ -410,6 +476,177 @@ def test_drop_replica_is_refused_below_min_in_sync_without_force():
     assert instance.drop_replica("r2")[0] == Disconnect("r2", 1)  # not in sync: allowed
     assert instance.drop_replica("r1", force=True)[0] == Disconnect("r1", 1)
     assert instance.replicas == {} and instance.state() == "unavailable"
+
+
+def status(instance: ComputeInstance, name: str, *failed: tuple[str, str], errors=()) -> list:
+    """Replica `name` reports a heartbeat: dataflows (id, error) failed, the rest fine."""
+    epoch = instance.replicas[name].epoch
+    dataflows = tuple(DataflowStatus(id, hydrated=False, error=error) for id, error in failed)
+    return instance.handle_response(name, epoch, StatusResponse(1, dataflows, errors=tuple(errors)))
+
+
+def two_replicas_serving(*ids: str, **options) -> ComputeInstance:
+    """Replicas r1 and r2, both hydrated and in sync for dataflows `ids`."""
+    instance = new_instance(**options)
+    connect(instance, "r1")
+    connect(instance, "r2")
+    for id in ids:
+        instance.create_dataflow(dataflow(id))
+        for name in ("r1", "r2"):
+            report(instance, name, id, 10)
+    assert instance.state() == "healthy"
+    return instance
+
+
+def test_a_replica_with_a_failed_dataflow_is_not_in_sync():
+    instance = two_replicas_serving("u2", "u3")
+
+    status(instance, "r1", ("u2", "division by zero"))
+
+    health = {h.name: h for h in instance.health()}
+    assert not health["r1"].in_sync and health["r2"].in_sync
+    assert instance.state() == "healthy" and instance.unavailable_dataflows() == {}
+    status(instance, "r1")  # a later heartbeat without the error: in sync again
+    assert all(h.in_sync for h in instance.health())
+
+
+def test_replica_wide_errors_put_a_replica_out_of_sync_but_it_still_serves():
+    instance = two_replicas_serving("u2")
+    status(instance, "r1", errors=["no live executors"])
+    assert [h.in_sync for h in instance.health()] == [False, True]
+    status(instance, "r2", errors=["no live executors"])
+
+    # Nothing is in sync, but both hold hydrated indexes that answer peeks.
+    assert instance.state() == "degraded" and instance.unavailable_dataflows() == {}
+
+
+def test_a_dataflow_failed_everywhere_degrades_the_instance_and_is_named():
+    instance = two_replicas_serving("u2", "u3", min_in_sync=2)
+
+    status(instance, "r1", ("u2", "boom on r1"))
+    status(instance, "r2", ("u2", "boom on r2"))
+
+    assert instance.state() == "degraded"  # u3 still serves: not unavailable
+    assert instance.unavailable_dataflows() == {"df_u2": "failed on r1: boom on r1; failed on r2: boom on r2"}
+    health = instance.health()
+    assert not any(h.in_sync for h in health)
+    # min_in_sync counts replicas in sync where some replica serves: the failed dataflow
+    # does not let the last replicas serving u3 go unforced.
+    assert all(h.in_sync_where_served for h in health)
+    before = snapshot(instance)
+    with pytest.raises(InstanceError) as refused:
+        instance.drop_replica("r1")
+    assert refused.value.code == "FAILED_PRECONDITION" and snapshot(instance) == before
+
+
+def test_a_dataflow_hydrating_everywhere_degrades_and_nothing_serving_is_unavailable():
+    instance = two_replicas_serving("u2")
+    instance.create_dataflow(dataflow("u3", as_of=10))
+
+    assert instance.state() == "degraded"
+    assert instance.unavailable_dataflows() == {"df_u3": "not hydrated on r1; not hydrated on r2"}
+    instance.replica_failed("r2", 1, "stream broken")
+    assert instance.unavailable_dataflows() == {"df_u3": "not hydrated on r1; r2 is connecting"}
+
+    status(instance, "r1", ("u2", "boom"))  # now nothing serves anywhere
+
+    assert instance.state() == "unavailable"
+    assert instance.unavailable_dataflows()["df_u2"] == "failed on r1: boom; r2 is connecting"
+
+
+def peek_error(instance: ComputeInstance, name: str, uuid: str, message: str) -> list:
+    epoch = instance.replicas[name].epoch
+    return instance.handle_response(name, epoch, PeekResponse(uuid, PeekError(message)))
+
+
+def answers(effects: list) -> list[PeekDone]:
+    return [e for e in effects if isinstance(e, PeekDone)]
+
+
+def test_an_error_does_not_answer_a_peek_another_replica_may_answer():
+    instance = two_replicas_serving("u2")
+    instance.peek(Peek("p1", IndexTarget("u2"), 9))
+
+    assert peek_error(instance, "r1", "p1", "out of memory") == []  # r2 may still answer
+
+    effects = instance.handle_response("r2", 1, PeekResponse("p1", rows("from r2")))
+    assert answers(effects) == [PeekDone("p1", rows("from r2"), "r2")]
+
+
+def test_errors_answer_a_peek_once_every_active_replica_answered_one():
+    instance = two_replicas_serving("u2")
+    instance.peek(Peek("p1", IndexTarget("u2"), 9))
+    peek_error(instance, "r2", "p1", "dataflow df_u2 failed: boom")
+
+    effects = peek_error(instance, "r1", "p1", "out of memory")
+
+    message = "replica r1: out of memory; replica r2: dataflow df_u2 failed: boom"
+    assert effects[0] == PeekDone("p1", PeekError(message), None)
+    assert sent(effects[1:3]) == [CancelPeek("p1"), CancelPeek("p1")]  # then the holds go
+    assert instance.peeks == {} and "peek:p1" not in instance.collections["u2"].holds
+    assert instance.replicas["r1"].peeks_won == instance.replicas["r2"].peeks_won == 0
+
+
+@pytest.mark.parametrize("leaves", ["fails", "is dropped"])
+def test_an_error_answers_a_peek_once_no_other_active_replica_is_left(leaves: str):
+    instance = two_replicas_serving("u2")
+    instance.peek(Peek("p1", IndexTarget("u2"), 9))
+    peek_error(instance, "r1", "p1", "out of memory")
+
+    if leaves == "fails":
+        effects = instance.replica_failed("r2", 1, "stream broken")
+    else:
+        effects = instance.drop_replica("r2", force=True)
+
+    assert answers(effects) == [PeekDone("p1", PeekError("replica r1: out of memory"), None)]
+
+
+def test_an_error_of_a_dropped_replica_is_no_answer_of_one_added_under_its_name():
+    instance = two_replicas_serving("u2")
+    instance.peek(Peek("p1", IndexTarget("u2"), 9))
+    peek_error(instance, "r1", "p1", "out of memory")
+    instance.drop_replica("r1", force=True)
+    connect(instance, "r1")  # a new replica, epoch 1 again
+
+    assert peek_error(instance, "r2", "p1", "timed out") == []  # the new r1 may answer
+
+    effects = instance.handle_response("r1", 1, PeekResponse("p1", rows("from the new r1")))
+    assert answers(effects) == [PeekDone("p1", rows("from the new r1"), "r1")]
+
+
+def test_a_replica_that_becomes_active_while_a_peek_waits_must_answer_it_too():
+    instance = two_replicas_serving("u2")
+    instance.peek(Peek("p1", IndexTarget("u2"), 9))
+    peek_error(instance, "r1", "p1", "out of memory")
+    instance.replica_failed("r1", 1, "stream broken")
+    replay = connect(instance, "r1")  # its next incarnation gets the peek again ...
+    assert Peek("p1", IndexTarget("u2"), 9) in replay
+    replay = connect(instance, "r3")  # ... and so does a new replica
+    assert Peek("p1", IndexTarget("u2"), 9) in replay
+
+    assert peek_error(instance, "r2", "p1", "timed out") == []  # r1 (again) and r3 may answer
+    assert peek_error(instance, "r3", "p1", "timed out") == []
+    effects = peek_error(instance, "r1", "p1", "out of memory again")
+
+    message = "replica r1: out of memory again; replica r2: timed out; replica r3: timed out"
+    assert answers(effects) == [PeekDone("p1", PeekError(message), None)]
+
+
+def test_a_peek_of_a_dataflow_every_replica_reports_failed_fails_at_once():
+    instance = two_replicas_serving("u2", "u3")
+    instance.peek(Peek("p1", IndexTarget("u2"), 9))
+    assert status(instance, "r1", ("u2", "boom")) == []  # r2 may still answer p1
+
+    effects = status(instance, "r2", ("u2", "bang"))
+
+    message = "replica r1: dataflow df_u2 failed: boom; replica r2: dataflow df_u2 failed: bang"
+    assert answers(effects) == [PeekDone("p1", PeekError(message), None)]
+    before = snapshot(instance)
+    with pytest.raises(InstanceError) as refused:
+        instance.peek(Peek("p2", IndexTarget("u2"), 9))
+    assert (refused.value.code, str(refused.value)) == ("FAILED_PRECONDITION", message)
+    assert snapshot(instance) == before
+    instance.peek(Peek("p3", IndexTarget("u3"), 9))  # the other dataflow serves
 
 
 def test_a_peek_below_since_is_refused_and_changes_nothing():
@@ -625,11 +862,16 @@ def test_random_runs_exercise_every_fault():
         "fault slow",
         "fault duplicate",
         "fault late",
+        "fault peek errors",
+        "fault refuse",
+        "connections refused",
         "controller restarts",
         "duplicated",
         "late responses delivered",
         "peeks answered",
         "peeks cancelled by the client",
+        "peeks answered with errors",  # every active replica answered with an error
+        "peeks answered with rows after an error",  # an error did not win
         "refused peek",
         "refused create_dataflow",
         "refused drop_dataflow",
@@ -659,3 +901,26 @@ def test_the_simulator_catches_a_wrong_answer(monkeypatch):
     )
     with pytest.raises(SimulationFailure, match="answered by"):
         run_seed(0)
+
+
+def test_the_simulator_catches_an_error_that_wins_a_read(monkeypatch):
+    """An instance that lets the first error answer a peek, while another active replica
+    could still answer it with rows, is caught."""
+
+    def first_error_wins(self, pending):
+        errors = sorted(pending.errors.items())
+        return "; ".join(f"replica {name}: {message}" for name, (_, message) in errors) or None
+
+    monkeypatch.setattr(ComputeInstance, "_peek_failure", first_error_wins)
+    with pytest.raises(SimulationFailure, match="could still answer it"):
+        for seed in range(1, 20):
+            run_seed(seed, **options(seed))
+
+
+def test_the_simulator_catches_a_hot_loop(monkeypatch):
+    """An instance that connects a failing replica again at once, however often it
+    failed, is caught."""
+    monkeypatch.setattr(InstanceOptions, "retry_delay_ms", lambda self, failures: 0)
+    with pytest.raises(SimulationFailure, match="no backoff"):
+        for seed in range(20):
+            run_seed(seed, **options(seed))

@@ -7,13 +7,17 @@ Python program that prints the ready line), so no JVM starts.
   stopping would), also for a process an earlier controller started;
 - a process whose replica was dropped while it started is not left running;
 - the blob location, a directory or a URI, reaches the replica's arguments intact.
+- the runtime replaces a live process that failed `RESPAWN_AFTER` attempts in a row,
+  unless the controller was fenced.
 """
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -21,7 +25,10 @@ import pytest
 from catalog import Catalog, NotFound
 from controller import _orchestrator
 from controller._orchestrator import Orchestrator, pid_alive
+from controller._instance import ComputeInstance
 from controller._process import _zombie
+from controller.runtime import RESPAWN_AFTER, Controller
+from history import InstanceConfig
 
 # Prints the ready line, then starts a child (in the stand-in's process group, as its JVM
 # is) that ignores SIGTERM and writes its pid to the file named by argv[1], then waits for SIGTERM.
@@ -117,6 +124,26 @@ def test_a_replica_dropped_while_its_process_starts_leaves_no_process(orchestrat
     while running(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not running(child) and not orchestrator._children
+
+
+def test_a_live_process_that_keeps_failing_is_replaced_unless_the_controller_is_fenced(
+    orchestrator: Orchestrator, controller: Catalog, catalog_url: str
+):
+    runtime = Controller(controller, catalog_url, None, Future(), orchestrator)
+    runtime.drivers["main"] = type("Driver", (), {"instance": ComputeInstance(InstanceConfig.of("main", {}))})
+
+    def address(attempt: int) -> str:
+        return asyncio.run(runtime._replica_address("main", "r1", attempt))
+
+    first = address(1)  # none running: spawned
+    assert address(RESPAWN_AFTER) == first  # alive, failed fewer times in a row: kept
+    second = address(RESPAWN_AFTER + 1)
+    assert second != first and len(orchestrator.spawned) == 2
+    newer = Catalog.open(catalog_url)
+    newer.become_controller()
+    newer.close()
+    assert address(RESPAWN_AFTER + 5) == second  # fenced: the newer controller's process
+    assert len(orchestrator.spawned) == 2
 
 
 def running(pid: int) -> bool:
