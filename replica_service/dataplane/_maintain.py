@@ -206,9 +206,12 @@ class Incremental(Maintainer):
         # persisted base; a query of one input never reads it whole after hydrating.
         self._cache = len(plan.leaves) > 1
 
-    def changes(self, time: int) -> tuple[DataFrame, Callable[[], None]]:
-        """The output's changes at `time` (lazy, consolidated), and the commit that keeps
-        the state they imply."""
+    def changes(self, time: int, *, consolidated: bool = True) -> tuple[DataFrame, Callable[[], None]]:
+        """The output's changes at `time` (lazy), and the commit that keeps the state
+        they imply. Consolidated, unless `consolidated` is False and the query is linear:
+        then a row retracted and inserted at once may stay as two updates, which readers
+        sum anyway, and no shuffle of the changes is paid (a hydration's changes are the
+        whole output)."""
         bindings, bound = self._bindings(time)
         step = self.state.step(time, bindings)
 
@@ -217,10 +220,12 @@ class Incremental(Maintainer):
             self._bound.update(bound)
             self.last_time = time
 
-        return _consolidated(step.changes), commit
+        if consolidated or self.plan.aggregate is not None:
+            return _consolidated(step.changes), commit
+        return step.changes, commit
 
     def step(self, time: int) -> StepOutput:
-        changes, commit = self.changes(time)
+        changes, commit = self.changes(time, consolidated=False)
         shared = bool(self.desc.index_exports) and bool(self.desc.sink_exports)
         if shared:
             changes = changes.persist(StorageLevel.MEMORY_AND_DISK)

@@ -1,0 +1,253 @@
+"""Freshness: how long a change takes to show, incremental against recompute, and the
+Spark Structured Streaming peer, against source size; and TPC-H after a change.
+
+    .venv/bin/python bench/freshness_bench.py [--sizes 10000,100000,1000000,10000000]
+        [--appends 10] [--only shapes|streaming|tpch] [--tpch-sf 0.1]
+
+Shapes, on one `small` replica (local[2], 1 GB), over a source `sales` (id, one of 100
+regions, amount) of each size and a dimension `regions` (100 rows: region -> one of 10
+zones):
+- (a) `SELECT region, count(*), sum(amount), avg(amount) FROM sales GROUP BY region`,
+  indexed on the region;
+- (b) `sales JOIN regions ... GROUP BY zone` with counts and sums, indexed on the zone;
+- (c) a filter/projection materialized view.
+Each append is 100 rows, 30 of them retractions. Latency: from the append to a strict
+peek that sees it ((a), (b)), or to the view's write frontier passing it ((c)); p50/p99.
+The three run together, first all incremental, then all with `strategy="recompute"`
+(the whole query at every change), on the same data.
+
+Structured Streaming: the same aggregation as (a), as a Spark user would keep it fresh
+(a file source over Parquet, `sum(amount * _diff)`, `sum(_diff)`, update mode, the
+fastest trigger) in a local[2] / 1 GB session; latency from a change file's arrival to
+the end of the micro-batch that read it.
+
+TPC-H: the 22 standard queries at `--tpch-sf` on two `small` replicas, each as a
+dataflow with an index; after a 1,000-row change to `lineitem` (half retractions), the
+time until each answers at the change's timestamp.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import SALES, change, controller, load, log, p50_p99, pct, replica_pid, sales_rows, write_frontier  # noqa: E402
+
+REGIONS = "region STRING, zone STRING"
+SHAPES = {
+    "a": "SELECT region, count(*) AS n, sum(amount) AS total, avg(amount) AS mean FROM sales GROUP BY region",
+    "b": (
+        "SELECT r.zone, count(*) AS n, sum(s.amount) AS total, max(s.amount) AS top "
+        "FROM sales s JOIN regions r ON s.region = r.region GROUP BY r.zone"
+    ),
+    "c": "SELECT id, region, amount * 2 AS doubled FROM sales WHERE amount >= 50",
+}
+KEYS = {"a": ("region", "r1"), "b": ("zone", "z1")}
+
+
+def regions() -> pa.Table:
+    return pa.table({"region": [f"r{i}" for i in range(100)], "zone": [f"z{i % 10}" for i in range(100)]})
+
+
+def shapes(root: Path, rows: int, appends: int) -> dict[str, dict[str, list[float]]]:
+    """Per strategy, per shape: the latency of each append."""
+    latencies: dict[str, dict[str, list[float]]] = {}
+    with controller(root) as client:
+        client.create_instance("bench")
+        client.add_replica("bench", "r1", size="small")
+        replica_pid(client, "bench")
+        client.create_source("sales", SALES)
+        client.create_source("regions", REGIONS)
+        client.append("regions", regions())
+        loaded = load(client, "sales", rows)
+        step = 0
+        for strategy in ("incremental", "recompute"):
+            names = {shape: f"{shape}_{strategy}" for shape in SHAPES}
+            for shape, sql in SHAPES.items():
+                options = {"index_key": [KEYS[shape][0]]} if shape in KEYS else {"materialize": True}
+                view = client.create_dataflow("bench", names[shape], sql, strategy=strategy, **options)
+                log(f"{view.name}: {view.strategy}")
+            started = time.monotonic()
+            for shape, (_, key) in KEYS.items():
+                client.peek("bench", names[shape], key=key, timestamp=loaded, timeout_ms=3_600_000)
+            wait_past(client, names["c"], loaded)
+            log(f"{rows:,} rows, {strategy}: hydrated in {time.monotonic() - started:.1f} s")
+            samples = {shape: [] for shape in SHAPES}
+            for _ in range(appends):
+                started = time.monotonic()
+                t = client.append("sales", change(rows, step))
+                step += 1
+                for shape, (_, key) in KEYS.items():
+                    client.peek("bench", names[shape], key=key, timestamp=t, timeout_ms=600_000)
+                    samples[shape].append(time.monotonic() - started)
+                wait_past(client, names["c"], t)
+                samples["c"].append(time.monotonic() - started)
+            latencies[strategy] = samples
+            for name in names.values():
+                client.drop_dataflow("bench", name)
+    return latencies
+
+
+def wait_past(client, name: str, t: int, timeout: float = 3600) -> None:
+    deadline = time.monotonic() + timeout
+    while (w := write_frontier(client, "bench", name)) is None or w <= t:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{name} did not pass {t}")
+        time.sleep(0.02)
+
+
+def streaming(root: Path, rows: int, appends: int) -> list[float]:
+    """Structured Streaming's micro-batch latency for aggregation (a)."""
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    source = root / "input"
+    source.mkdir()
+    for start in range(0, rows, 500_000):
+        batch = sales_rows(start, min(500_000, rows - start), seed=1 + start)
+        pq.write_table(batch.append_column("_diff", pa.array([1] * batch.num_rows, pa.int64())), source / f"load-{start}.parquet")
+    session = (
+        SparkSession.builder.master("local[2]").config("spark.driver.memory", "1g").config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4").config("spark.sql.streaming.stateStore.providerClass",
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider").getOrCreate()
+    )
+    ended: list[tuple[float, int]] = []
+
+    class Ends(StreamingQueryListener):
+        def onQueryStarted(self, event):
+            pass
+
+        def onQueryProgress(self, event):
+            ended.append((time.time(), event.progress.numInputRows))
+
+        def onQueryIdle(self, event):
+            pass
+
+        def onQueryTerminated(self, event):
+            pass
+
+    session.streams.addListener(Ends())
+    stream = session.readStream.schema("id BIGINT, region STRING, amount DOUBLE, _diff BIGINT").parquet(str(source))
+    totals = stream.groupBy("region").agg(F.sum("_diff").alias("n"), F.sum(F.col("amount") * F.col("_diff")).alias("total"))
+    query = (
+        totals.writeStream.outputMode("update").format("memory").queryName("totals")
+        .option("checkpointLocation", str(root / "checkpoint")).trigger(processingTime="0 seconds").start()
+    )
+    deadline = time.monotonic() + 3600
+    while not any(n > 0 for _, n in ended):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the stream did not read its input")
+        time.sleep(0.05)
+    log(f"structured streaming: {rows:,} rows read")
+    samples = []
+    for step in range(appends):
+        staged = root / f"change-{step}.parquet"
+        pq.write_table(change(rows, step).select(["id", "region", "amount", "_diff"]), staged)
+        seen = len(ended)
+        arrived = time.time()
+        staged.rename(source / staged.name)  # atomic: the source never sees half a file
+        while not any(n > 0 for _, n in ended[seen:]):
+            time.sleep(0.005)
+        samples.append(next(at for at, n in ended[seen:] if n > 0) - arrived)
+    query.stop()
+    session.stop()
+    return samples
+
+
+def tpch(root: Path, sf: float) -> list[tuple[str, str, float]]:
+    """(query, strategy, seconds from the lineitem change to its answer at that time)."""
+    import tpch as benchmark
+
+    tables = benchmark.generate(sf)
+    with controller(root) as client:
+        client.create_instance("tpch")
+        for name in ("r1", "r2"):
+            client.add_replica("tpch", name, size="small")
+        loaded = max(benchmark.load(client, tables).values())
+        strategies = {}
+        for name, sql in benchmark.QUERIES.items():
+            view = client.create_dataflow("tpch", name, sql, index_key=[])
+            strategies[name] = view.strategy
+            log(f"{name}: {view.strategy}")
+        started = time.monotonic()
+        for name in benchmark.QUERIES:
+            client.peek("tpch", name, timestamp=loaded, timeout_ms=3_600_000)
+        log(f"TPC-H SF {sf}: all 22 hydrated in {time.monotonic() - started:.0f} s")
+        lineitem_change = benchmark.lineitem_change(tables, 1000, seed=7)
+        results: dict[str, float] = {}
+        started = time.monotonic()
+        t = client.append("lineitem", lineitem_change)
+
+        def wait(name: str) -> None:
+            from controller.client import Client
+
+            with Client.connect(client.address) as own:
+                own.peek("tpch", name, timestamp=t, timeout_ms=3_600_000)
+            results[name] = time.monotonic() - started
+
+        threads = [threading.Thread(target=wait, args=(name,)) for name in benchmark.QUERIES]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    return [(name, strategies[name], results[name]) for name in benchmark.QUERIES]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="10000,100000,1000000,10000000")
+    parser.add_argument("--appends", type=int, default=10)
+    parser.add_argument("--only", choices=["shapes", "streaming", "tpch"])
+    parser.add_argument("--tpch-sf", type=float, default=0.1)
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    table = {}
+    if args.only in (None, "shapes"):
+        for rows in sizes:
+            with tempfile.TemporaryDirectory(prefix="tandem-fresh-") as root:
+                table[rows] = shapes(Path(root), rows, args.appends)
+    peer = {}
+    if args.only in (None, "streaming"):
+        for rows in sizes:
+            with tempfile.TemporaryDirectory(prefix="tandem-stream-") as root:
+                peer[rows] = streaming(Path(root), rows, args.appends)
+    if table or peer:
+        print(f"\n## Freshness, one small replica, {args.appends} appends of 100 rows (30 retractions), p50 / p99\n")
+        print("| rows | (a) GROUP BY incr. | (a) recompute | (b) join+GROUP BY incr. | (b) recompute | (c) view incr. | (c) recompute | Structured Streaming (a) |")
+        print("|---|---|---|---|---|---|---|---|")
+        for rows in sizes:
+            r = table.get(rows, {})
+            cells = [p50_p99(r.get(s, {}).get(shape, [])) for shape in "abc" for s in ("incremental", "recompute")]
+            print(f"| {rows:,} | {' | '.join(cells)} | {p50_p99(peer.get(rows, []))} |")
+        if table and len(sizes) > 1:
+            low, high = sizes[0], sizes[-1]
+            for shape in "ab":
+                ratio = pct(table[high]["incremental"][shape], 50) / pct(table[low]["incremental"][shape], 50)
+                print(f"({shape}) incremental p50 at {high:,} / at {low:,}: {ratio:.2f}x")
+            for rows in sizes:
+                for shape in "ab":
+                    speedup = pct(table[rows]["recompute"][shape], 50) / pct(table[rows]["incremental"][shape], 50)
+                    print(f"({shape}) at {rows:,}: recompute / incremental p50 = {speedup:.1f}x")
+    if args.only in (None, "tpch"):
+        with tempfile.TemporaryDirectory(prefix="tandem-tpch-") as root:
+            answers = tpch(Path(root), args.tpch_sf)
+        print(f"\n## TPC-H SF {args.tpch_sf}, two small replicas: a 1,000-row lineitem change to every answer\n")
+        print("| query | strategy | seconds |")
+        print("|---|---|---|")
+        for name, strategy, seconds in answers:
+            print(f"| {name} | {strategy} | {seconds:.1f} |")
+        print(f"\nall 22 reflect it after {max(s for _, _, s in answers):.1f} s")
+
+
+if __name__ == "__main__":
+    main()
