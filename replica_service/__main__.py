@@ -1,7 +1,9 @@
 """`python -m replica_service`: run one replica process.
 
 Prints one JSON line (`{"address": ..., "pid": ...}`) on stdout once the gRPC server
-listens, logs to stderr, and shuts down cleanly on SIGTERM or SIGINT.
+listens, logs to stderr, and shuts down cleanly on SIGTERM or SIGINT. A process whose
+Spark master cannot run it (`spark://` unreachable, or the application not registered)
+prints `{"error": ...}` instead, one line naming the master, and exits with status 2.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from catalog import Catalog
 from replica_service._crashes import CrashRecord
 from replica_service._replica import Replica
 from replica_service._server import ReplicaServer
-from replica_service._spark import SparkSettings, start_session
+from replica_service._spark import SparkSettings, SparkUnavailable, start_replica_session
 from storage import Storage
 
 
@@ -39,6 +41,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--spark-master", default="local[1]", help="Spark master (default local[1])")
     parser.add_argument("--driver-memory", default="512m", help="Spark driver memory (default 512m)")
+    parser.add_argument(
+        "--driver-host",
+        default="127.0.0.1",
+        help="the address executors reach the Spark driver at: on a cluster, one of this host's "
+        "that they can reach (default 127.0.0.1)",
+    )
+    parser.add_argument(
+        "--driver-bind-address", help="the interface the Spark driver listens on (default: the driver host)"
+    )
     parser.add_argument(
         "--spark-conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting (repeatable)"
     )
@@ -68,10 +79,16 @@ async def serve(args: argparse.Namespace) -> None:
 
 async def _serve(args: argparse.Namespace, work_dir: Path) -> None:
     storage = Storage(Catalog.open(args.catalog), args.blob_dir)
-    settings = SparkSettings(args.spark_master, args.driver_memory, args.spark_conf)
+    settings = SparkSettings(
+        args.spark_master,
+        args.driver_memory,
+        args.spark_conf,
+        driver_host=args.driver_host,
+        driver_bind_address=args.driver_bind_address or args.driver_host,
+    )
     # The JVM is launched (fork + exec) before gRPC starts its threads: a fork while
     # gRPC's threads run broke the launch (the JVM exited before reporting its port).
-    session = start_session(settings, work_dir)
+    session = start_replica_session(settings, work_dir)
     replica = Replica(storage, settings, work_dir, session, CrashRecord(args.crash_file))
     server = ReplicaServer(replica, args.listen)
     await server.start()
@@ -93,7 +110,13 @@ def main(argv: list[str] | None = None) -> None:
         level=args.log_level.upper(),
         format=f"%(asctime)s replica[{os.getpid()}] %(levelname)s %(name)s: %(message)s",
     )
-    asyncio.run(serve(args))
+    try:
+        asyncio.run(serve(args))
+    except SparkUnavailable as error:
+        # For whoever started the process (the orchestrator names it in its refusal).
+        print(json.dumps({"error": str(error)}), flush=True)
+        logging.getLogger(__name__).error("%s", error)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -723,6 +723,7 @@ class Replica:
             dataflows_kept=self.dataflows_kept,
             dataflows_built=self.dataflows_built,
             pid=os.getpid(),
+            errors=_spark.cluster_problems(self._session),  # cached: never waits for the JVM
         )
 
     async def _wait_progress(self) -> None:

@@ -6,19 +6,29 @@ gRPC event loop.
 Determinism: everything that decides *results* (partitioning, ANSI mode, time zone)
 comes from the instance's `CreateInstance` and is identical on every replica; the
 replica's size decides only resources (master, cores, driver memory).
+
+Clusters (`spark://` masters): a replica process starts only on a master that accepts
+it (`start_replica_session` fails fast, naming the master, rather than leaving Spark to
+retry for a minute), and once running it reports an application left without executors
+(`cluster_problems`), the one state in which its jobs would wait forever unseen.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
+import socket
 import sys
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
 import pyarrow as pa
-from py4j.java_gateway import JavaGateway
+from py4j.java_gateway import JavaGateway, JavaObject
+from py4j.protocol import Py4JError
 from pyspark import SparkConf, SparkContext
 from pyspark.java_gateway import launch_gateway
 from pyspark.sql import DataFrame, SparkSession
@@ -42,22 +52,33 @@ FAST_START_JVM_OPTIONS = (
 
 @dataclass(frozen=True, slots=True)
 class SparkSettings:
-    """A replica's size: where Spark runs and with how much. Never changes results."""
+    """A replica's size: where Spark runs and with how much. Never changes results.
+
+    `driver_host` is the address the executors reach the driver at, `driver_bind_address`
+    the interface it listens on: loopback unless executors run on other hosts."""
 
     master: str = "local[1]"
     driver_memory: str = "512m"
     conf: Mapping[str, str] = field(default_factory=dict)
+    driver_host: str = "127.0.0.1"
+    driver_bind_address: str = "127.0.0.1"
+
+
+class SparkUnavailable(Exception):
+    """The replica's Spark master cannot run it (unreachable, or it did not register the
+    application). The message is one line and names the master."""
 
 
 def session_conf(settings: SparkSettings, work_dir: Path) -> dict[str, str]:
-    """The launch settings of the replica's session: local-only, quiet, no downloads."""
+    """The launch settings of the replica's session: loopback unless told otherwise,
+    quiet, no downloads."""
     conf = {
         "spark.master": settings.master,
         "spark.app.name": f"tandem-replica-{os.getpid()}",
         "spark.driver.memory": settings.driver_memory,
         "spark.driver.extraJavaOptions": FAST_START_JVM_OPTIONS,
-        "spark.driver.host": "127.0.0.1",
-        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.host": settings.driver_host,
+        "spark.driver.bindAddress": settings.driver_bind_address,
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.warehouse.dir": str(work_dir / "warehouse"),
@@ -133,6 +154,86 @@ _JVM_EXIT_CODES = {
 }
 
 
+def start_replica_session(settings: SparkSettings, work_dir: Path) -> SparkSession:
+    """`start_session` for a replica process, failing with `SparkUnavailable` when a
+    `spark://` master cannot run it: first unless some master accepts a TCP connection
+    (before the JVM starts), then unless it registered the application.
+
+    Why both: against a dead master Spark blocks the start for about a minute (three
+    registration attempts of 20 s) and then fails naming no master, so the first check
+    answers at once; a master that accepts connections but never registers the
+    application (not a Spark master, or one that refuses it) is caught by the second,
+    after Spark's own bounded wait. Spark's standalone backend waits for the master's
+    answer inside the SparkContext's start, so there is nothing left to wait for after:
+    a context that ran out of attempts has the placeholder application id
+    (`spark-application-<ms>`, not the master's `app-...`) and is being stopped.
+    """
+    if not settings.master.startswith("spark://"):
+        return start_session(settings, work_dir)
+    check_reachable(settings.master)
+    unregistered = SparkUnavailable(
+        f"spark master {settings.master} did not register the application: no answer to Spark's registration attempts"
+    )
+    try:
+        session = start_session(settings, work_dir)
+    except Py4JError:
+        # A context that gave up is stopped, and building the session on it fails.
+        context = SparkContext._active_spark_context
+        if context is not None and not _registered(context):
+            raise unregistered from None
+        raise
+    if not _registered(session.sparkContext):
+        session.stop()
+        raise unregistered
+    log.info("application %s registered with spark master %s", session.sparkContext.applicationId, settings.master)
+    return session
+
+
+def _registered(context: SparkContext) -> bool:
+    """The master registered the context's application (see `start_replica_session`)."""
+    return not context._jsc.sc().isStopped() and not context.applicationId.startswith("spark-application-")
+
+
+def standalone_masters(master: str) -> list[tuple[str, int]]:
+    """The (host, port) of each master of a standalone URL, `spark://HOST:PORT[,HOST:PORT...]`
+    (several for masters under ZooKeeper recovery); ValueError if it is not one."""
+    if not master.startswith("spark://"):
+        raise ValueError(f"{master!r} is not a spark:// master URL")
+    addresses = []
+    for part in master.removeprefix("spark://").split(","):
+        host, _, port = part.rpartition(":")
+        host = host.removeprefix("[").removesuffix("]")  # an IPv6 literal
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"spark master {master!r} is not spark://HOST:PORT[,HOST:PORT...]")
+        addresses.append((host, int(port)))
+    return addresses
+
+
+def check_reachable(master: str, timeout_s: float = 5.0) -> None:
+    """Return once some master of `master` (a `spark://` URL) accepts a TCP connection;
+    `SparkUnavailable` naming it, with the last reason, if none does within `timeout_s`
+    each."""
+    try:
+        addresses = standalone_masters(master)
+    except ValueError as error:
+        raise SparkUnavailable(str(error)) from None
+    reason = ""
+    for address in addresses:
+        try:
+            socket.create_connection(address, timeout=timeout_s).close()
+            return
+        except OSError as error:
+            reason = error.strerror or str(error) or type(error).__name__
+    raise SparkUnavailable(f"spark master {master} is not reachable ({reason})")
+
+
+def _java_message(error: Exception) -> str:
+    """The first line of the Java exception's message, or of the error itself."""
+    java = getattr(error, "java_exception", None)
+    text = (java.getMessage() if java is not None else None) or str(error) or type(error).__name__
+    return text.strip().splitlines()[0]
+
+
 def apply_instance_conf(session: SparkSession, settings: SparkSettings, work_dir: Path, conf: Mapping[str, str]) -> SparkSession:
     """Apply the instance's result-deciding settings, returning the session to use.
 
@@ -192,3 +293,86 @@ def is_ordered(frame: DataFrame) -> bool:
         node = node.child()
     # `global` is a Python keyword, hence getattr: a per-partition sort defines no order.
     return node.nodeName() == "Sort" and getattr(node, "global")()
+
+
+def cluster_problems(session: SparkSession) -> tuple[str, ...]:
+    """What stops a replica on a `spark://` master from making progress, for its
+    heartbeat: its application has no live executor (jobs would wait for one forever),
+    naming the executors it lost; or its SparkContext stopped (the master removed the
+    application). Empty in local mode, where the driver runs the tasks itself.
+
+    Never blocks its caller (the replica's event loop): it answers from a cache that one
+    worker thread refreshes, at most once a second, with the py4j calls (which wait for
+    a busy JVM). The first answers are empty, until the first refresh. What is watched is
+    the process's SparkContext (there is one per process), so a session that
+    `apply_instance_conf` replaced still answers for its replacement.
+    """
+    if not session.sparkContext.master.startswith("spark://"):
+        return ()
+    return _EXECUTOR_WATCH.problems(session.sparkContext.master)
+
+
+class _ExecutorWatch:
+    """The cache of `cluster_problems`. `problems` runs on one thread (the event loop);
+    the refresh on the watch's own thread, one at a time, and it only replaces
+    `_problems`."""
+
+    REFRESH_S = 1.0
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="executor-watch")
+        self._refresh: Future | None = None
+        self._refreshed_at = -math.inf
+        self._problems: tuple[str, ...] = ()
+
+    def problems(self, master: str) -> tuple[str, ...]:
+        now = time.monotonic()
+        if (self._refresh is None or self._refresh.done()) and now - self._refreshed_at >= self.REFRESH_S:
+            self._refreshed_at = now
+            self._refresh = self._pool.submit(self._read, master)
+        return self._problems
+
+    def _read(self, master: str) -> None:
+        try:
+            self._problems = _read_cluster_problems(master)
+        except Exception as error:  # e.g. the context stopped between two calls
+            log.warning("reading the Spark executors failed: %s", error)
+            self._problems = (f"cannot read the Spark executors of {master}: {_java_message(error)}",)
+
+
+_EXECUTOR_WATCH = _ExecutorWatch()
+
+_LOST_NAMED = 3  # lost executors named in a problem; the rest are counted
+
+
+def _read_cluster_problems(master: str) -> tuple[str, ...]:
+    context = SparkContext._active_spark_context
+    if context is None:
+        return ()  # between a stop and a restart (`apply_instance_conf`): nothing runs yet
+    jcontext = context._jsc.sc()
+    if jcontext.isStopped():
+        return (f"the Spark application {context.applicationId} on {master} stopped",)
+    # The status store keeps removed executors too (spark.ui.retainedDeadExecutors), with
+    # why they went: that is what names the lost ones.
+    executors = [_executor(e) for e in _scala_list(jcontext.statusStore().executorList(False))]
+    executors = [e for e in executors if e[0] != "driver"]
+    if any(active for _, _, active, _ in executors):
+        return ()
+    problem = f"no live Spark executors: application {context.applicationId} on {master} has none"
+    if not executors:
+        return (f"{problem} yet (no worker with enough free cores and memory?)",)
+    # The latest first: executor ids are increasing numbers.
+    lost = [f"{id} on {host_port} ({reason})" for id, host_port, _, reason in sorted(executors, key=lambda e: -int(e[0]))]
+    more = f" and {len(lost) - _LOST_NAMED} more" if len(lost) > _LOST_NAMED else ""
+    return (f"{problem}; lost executor {', '.join(lost[:_LOST_NAMED])}{more}",)
+
+
+def _executor(summary: JavaObject) -> tuple[str, str, bool, str]:
+    """(id, host:port, active, why it was removed) of a `v1.ExecutorSummary`."""
+    reason = summary.removeReason()
+    why = reason.get().strip().splitlines()[0][:200] if reason.isDefined() else "no reason given"
+    return summary.id(), summary.hostPort(), summary.isActive(), why
+
+
+def _scala_list(seq: JavaObject) -> list[JavaObject]:
+    return [seq.apply(i) for i in range(seq.size())]
