@@ -6,8 +6,8 @@ anything, and raises a typed error otherwise. Results are frozen records.
 
 An instance's `spark_conf` decides *results*, so it is fixed at creation:
 `DETERMINISTIC_SPARK_CONF` merged with the caller's overrides. Resource settings
-(master, cores, memory) belong to replicas, which in turn may not touch a setting that
-decides results.
+(master, cores, memory, the driver's address) belong to replicas, which in turn may not
+touch a setting that decides results.
 """
 
 from __future__ import annotations
@@ -48,9 +48,13 @@ RESOURCE_SPARK_CONF = frozenset(
         "spark.executor.cores",
         "spark.executor.instances",
         "spark.executor.memory",
+        # Where executors reach this replica's driver: each replica's own address.
+        "spark.driver.host",
+        "spark.driver.bindAddress",
     }
 )
-"""Settings that only decide resources: a replica's business, never an instance's."""
+"""Settings that only decide resources and placement: a replica's business, never an
+instance's."""
 
 DEFAULT_MIN_IN_SYNC = 1
 DEFAULT_MAX_LAG_MS = 5_000

@@ -128,11 +128,14 @@ class Orchestrator:
                 return replica.address
             return self.spawn(replica, launch_conf).address
 
-    def spawn(self, replica: ReplicaInfo, launch_conf: Mapping[str, str]) -> ReplicaInfo:
+    def spawn(self, replica: ReplicaInfo, launch_conf: Mapping[str, str], ready_timeout_s: float = READY_TIMEOUT_S) -> ReplicaInfo:
         """Start a new process for `replica` and record it (incarnation + 1).
 
         `launch_conf` holds the instance's settings that Spark fixes at launch (e.g.
         `spark.default.parallelism`), so the replica need not restart its SparkContext.
+        A process that is not ready within `ready_timeout_s` (DEADLINE_EXCEEDED) or that
+        exits first (UNAVAILABLE, with its own reason when it gave one, e.g. an
+        unreachable Spark master) is gone, its process group with it, when this raises.
         """
         with self._launching:
             incarnation = replica.incarnation + 1
@@ -152,7 +155,12 @@ class Orchestrator:
                     start_new_session=True,
                 )
             self._children[process.pid] = process
-            address = self._await_ready(process, log_path)
+            try:
+                address = self._await_ready(replica.name, process, log_path, ready_timeout_s)
+            except ControllerError:
+                self._children.pop(process.pid)
+                _reap_group(process.pid, process, 0.0)  # e.g. a JVM it left starting
+                raise
         log.info("replica %s/%s incarnation %d: pid %d at %s", replica.instance, replica.name, incarnation, process.pid, address)
         try:
             return self.catalog.update_replica(replica.instance, replica.name, address=address, pid=process.pid, incarnation=incarnation)
@@ -174,22 +182,38 @@ class Orchestrator:
             "--spark-master", replica.spark_master,
             "--driver-memory", conf.pop("spark.driver.memory", SIZES.get(replica.size, SIZES["xsmall"]).driver_memory),
         ]
+        for key, flag in (("spark.driver.host", "--driver-host"), ("spark.driver.bindAddress", "--driver-bind-address")):
+            if key in conf:
+                command += [flag, conf.pop(key)]
         for key, value in sorted(conf.items()):
             command += ["--spark-conf", f"{key}={value}"]
         return command
 
-    def _await_ready(self, process: subprocess.Popen, log_path: Path) -> str:
-        timer = threading.Timer(READY_TIMEOUT_S, process.kill)
+    def _await_ready(self, name: str, process: subprocess.Popen, log_path: Path, timeout_s: float) -> str:
+        """The address the process prints once ready; it prints `{"error": ...}` instead
+        when it cannot start (then exits)."""
+        expired = threading.Event()
+
+        def expire() -> None:
+            expired.set()
+            # The group: a child it started (its JVM) holds the other end of stdout too.
+            os.killpg(process.pid, signal.SIGKILL)
+
+        timer = threading.Timer(timeout_s, expire)
         timer.start()
         try:
             line = process.stdout.readline()
         finally:
             timer.cancel()
             process.stdout.close()
-        if not line:
-            code = process.wait()
-            raise ControllerError("UNAVAILABLE", f"the replica process exited ({code}) before it was ready; see {log_path}")
-        return json.loads(line)["address"]
+        ready = json.loads(line) if line else {}
+        if "address" in ready:
+            return ready["address"]
+        code = process.wait()
+        if expired.is_set():
+            raise ControllerError("DEADLINE_EXCEEDED", f"replica {name} was not ready within {timeout_s:g} s; see {log_path}")
+        reason = ready.get("error") or f"its process exited ({code}) before it was ready; see {log_path}"
+        raise ControllerError("UNAVAILABLE", f"replica {name} could not start: {reason}")
 
     def stop(self, replica: ReplicaInfo) -> None:
         """Ask a managed replica's process to shut down, if it still runs.

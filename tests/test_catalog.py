@@ -126,6 +126,7 @@ def test_instance_parameters_merge_like_update_configuration(controller: Catalog
         ({"name": "2fast"}, "instance name"),
         ({"name": "has space"}, "instance name"),
         ({"name": "main", "spark_conf": {"spark.executor.memory": "4g"}}, "resource setting"),
+        ({"name": "main", "spark_conf": {"spark.driver.host": "10.0.0.2"}}, "resource setting"),
         ({"name": "main", "spark_conf": {"spark.x": 1}}, "pair of strings"),
         ({"name": "main", "min_in_sync": 0}, "min_in_sync"),
         ({"name": "main", "max_lag_ms": -1}, "max_lag_ms"),

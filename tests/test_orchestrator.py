@@ -9,6 +9,9 @@ Python program that prints the ready line), so no JVM starts.
 - the blob location, a directory or a URI, reaches the replica's arguments intact.
 - the runtime replaces a live process that failed `RESPAWN_AFTER` attempts in a row,
   unless the controller was fenced.
+- a process that cannot start (it prints `{"error": ...}`, or stays silent past the
+  ready timeout) is refused with its reason, and leaves no process of its group behind;
+- the driver's address in a replica's conf becomes the process's own flags.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import pytest
 
 from catalog import Catalog, NotFound
 from controller import _orchestrator
+from controller._api import ControllerError
 from controller._orchestrator import Orchestrator, pid_alive
 from controller._instance import ComputeInstance
 from controller._process import _zombie
@@ -144,6 +148,51 @@ def test_a_live_process_that_keeps_failing_is_replaced_unless_the_controller_is_
     newer.close()
     assert address(RESPAWN_AFTER + 5) == second  # fenced: the newer controller's process
     assert len(orchestrator.spawned) == 2
+
+
+# Starts a child in its process group (as a JVM it launched), writes the child's pid to
+# argv[1], then says why it cannot start and exits, as `python -m replica_service` does.
+CANNOT_START = r"""
+import json, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+open(sys.argv[1], "w").write(str(child.pid))
+print(json.dumps({"error": "spark master spark://127.0.0.1:9 is not reachable (Connection refused)"}), flush=True)
+sys.exit(2)
+"""
+
+
+@pytest.mark.parametrize(
+    ("program", "timeout_s", "code", "message"),
+    [
+        (CANNOT_START, 30.0, "UNAVAILABLE", "replica r1 could not start: spark master spark://127.0.0.1:9 is not reachable"),
+        (STAND_IN.replace("print(", "0 and print("), 1.0, "DEADLINE_EXCEEDED", "replica r1 was not ready within 1 s"),
+    ],
+)
+def test_a_process_that_cannot_start_is_refused_and_leaves_nothing(
+    orchestrator: Orchestrator, controller: Catalog, tmp_path: Path, monkeypatch, program, timeout_s, code, message
+):
+    monkeypatch.setattr(Orchestrator, "_command", lambda self, replica, conf, work_dir: [sys.executable, "-c", program, str(tmp_path / "child")])
+    with pytest.raises(ControllerError) as error:
+        orchestrator.spawn(controller.get_replica("main", "r1"), {}, ready_timeout_s=timeout_s)
+    assert error.value.code == code and error.value.message.startswith(message)
+    child = int((tmp_path / "child").read_text())
+    deadline = time.monotonic() + 10  # SIGKILL lands a moment later
+    while running(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running(child) and not orchestrator._children
+    assert controller.get_replica("main", "r1").pid is None
+
+
+def test_the_driver_address_is_passed_as_the_process_flags(controller: Catalog, tmp_path: Path):
+    from replica_service.__main__ import parse_args
+
+    controller.create_instance("main")
+    conf = {"spark.driver.host": "10.0.0.2", "spark.driver.bindAddress": "0.0.0.0", "spark.executor.cores": "2"}
+    replica = controller.create_replica("main", "r2", size="custom", spark_master="spark://h:7077", spark_conf=conf)
+    command = Orchestrator(controller, "sqlite://", tmp_path / "blobs", tmp_path)._command(replica, dict(conf), tmp_path)
+    args = parse_args(command[3:])
+    assert (args.driver_host, args.driver_bind_address, args.spark_master) == ("10.0.0.2", "0.0.0.0", "spark://h:7077")
+    assert args.spark_conf == {"spark.executor.cores": "2"}
 
 
 def running(pid: int) -> bool:
