@@ -185,9 +185,23 @@ class ControllerApi(Protocol):
         spark_master: str | None = None,
         spark_conf: Mapping[str, str] | None = None,
         address: str | None = None,
+        driver_host: str | None = None,
+        driver_bind_address: str | None = None,
+        wait: bool = False,
+        timeout_ms: int | None = None,
     ) -> ReplicaView:
         """A managed replica of a named size (or an explicit Spark master and conf), or
-        an external one already running at `address`."""
+        an external one already running at `address`.
+
+        `driver_host` is where executors on other hosts reach a managed replica's Spark
+        driver, `driver_bind_address` the interface it listens on (default: the host);
+        both loopback when absent, and recorded in its `spark_conf`.
+
+        With `wait`, it answers only once the replica is in sync, within `timeout_ms`
+        (default: the instance's replica timeout): else DEADLINE_EXCEEDED, or
+        UNAVAILABLE when its process could not start (e.g. its Spark master is
+        unreachable), both naming why; the replica is then dropped, record and process.
+        Without `wait`, a process that could not start is refused the same way."""
         ...
 
     async def drop_replica(self, instance: str, name: str, *, force: bool = False) -> None: ...

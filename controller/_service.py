@@ -175,8 +175,11 @@ class ControllerServicer(pb_grpc.ControllerServicer):
         view = await self._api.add_replica(
             request.instance,
             request.name,
-            **codec.present_fields(request, "size", "spark_master", "address"),
+            **codec.present_fields(
+                request, "size", "spark_master", "address", "driver_host", "driver_bind_address", "timeout_ms"
+            ),
             spark_conf=codec.string_map_from_proto(request, "spark_conf"),
+            wait=request.wait,
         )
         return _replica_to_proto(view)
 

@@ -301,6 +301,10 @@ def _replica_add(client: Client, args: argparse.Namespace) -> ReplicaView:
         spark_master=args.spark_master,
         spark_conf=_conf(args.conf),
         address=args.replica_address,
+        driver_host=args.driver_host,
+        driver_bind_address=args.driver_bind_address,
+        wait=args.wait,
+        timeout_ms=args.timeout_ms,
     )
 
 
@@ -705,6 +709,28 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--replica-address", metavar="HOST:PORT", help="an external replica, already running there"
+    )
+    p.add_argument(
+        "--driver-host",
+        metavar="HOST",
+        help="on a cluster: this host's address the executors reach the replica's driver at "
+        "(default 127.0.0.1)",
+    )
+    p.add_argument(
+        "--driver-bind-address",
+        metavar="HOST",
+        help="the interface the replica's driver listens on (default: the driver host)",
+    )
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="return once the replica is in sync; if it cannot start or get in sync in time, "
+        "it is dropped again",
+    )
+    p.add_argument(
+        "--timeout-ms",
+        type=int,
+        help="with --wait: how long (default: the instance's replica timeout)",
     )
     p = leaf(
         replica,

@@ -12,9 +12,9 @@ Rules:
   that cannot be reached is UNAVAILABLE and a call that outlives its deadline is
   DEADLINE_EXCEEDED, both naming the address. An argument the client cannot convert is
   INVALID_ARGUMENT, raised before anything is sent.
-- Deadlines: every call gets `deadline` seconds (120 by default); a peek, a query or a
-  resize gets its own `timeout_ms` plus a margin, so the controller's timeout, with its
-  clearer message, fires first.
+- Deadlines: every call gets `deadline` seconds (120 by default); a peek, a query, a
+  resize or a waiting `add_replica` gets its own `timeout_ms` plus a margin, so the
+  controller's timeout, with its clearer message, fires first.
 - Views are the dataclasses of `controller._api`, rebuilt from the messages.
 """
 
@@ -157,6 +157,10 @@ class Client:
         spark_master: str | None = None,
         spark_conf: Mapping[str, str] | None = None,
         address: str | None = None,
+        driver_host: str | None = None,
+        driver_bind_address: str | None = None,
+        wait: bool = False,
+        timeout_ms: int | None = None,
     ) -> ReplicaView:
         """A managed replica of `size`, or of an explicit `spark_master` and `spark_conf`,
         or an external one already running at `address`.
@@ -164,18 +168,29 @@ class Client:
         Size rule: a size passed is always sent. Without one, a plain managed replica
         (no `spark_master`, no `address`) is `DEFAULT_SIZE` ("xsmall"); with either, no
         size is sent, and the master, conf or running process decides its resources.
+
+        On a cluster, `driver_host` is an address of the controller's host that the
+        executors reach (`driver_bind_address`, the interface, defaults to it). `wait`
+        returns only once the replica is in sync, within `timeout_ms` (default: the
+        instance's replica timeout; the call's deadline is then the client's); if it
+        does not, or cannot start, the controller drops it again and raises.
         """
         if size is None and spark_master is None and address is None:
             size = DEFAULT_SIZE
         response = self._call(
             "AddReplica",
             pb.AddReplicaRequest,
+            wait_ms=timeout_ms if wait else None,
             instance=instance,
             name=name,
             size=size,
             spark_master=spark_master,
             spark_conf=codec.string_map_to_proto(spark_conf),
             address=address,
+            driver_host=driver_host,
+            driver_bind_address=driver_bind_address,
+            wait=wait,
+            timeout_ms=timeout_ms,
         )
         return _replica(response)
 

@@ -61,6 +61,7 @@ from controller._orchestrator import Orchestrator, size_of
 from controller._planner import Planner
 from controller._upkeep import StorageUpkeep, UpkeepOptions
 from history import DataflowStatus, Frontier, Import, IndexTarget, Peek, PeekCanceled, PeekRows, RowSetFinishing, SqlTarget
+from replica_service._spark import standalone_masters
 from storage import Storage
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 ADVANCE_INTERVAL_S = 1.0
-RESIZE_POLL_S = 0.5
+IN_SYNC_POLL_S = 0.5
 RESPAWN_AFTER = 3  # failed attempts in a row before a live managed process is replaced
 
 _CATALOG_CODES: Mapping[type, str] = {
@@ -297,23 +298,57 @@ class Controller:
 
     # --- Replicas -------------------------------------------------------------------------
 
-    async def add_replica(self, instance, name, *, size=None, spark_master=None, spark_conf=None, address=None) -> ReplicaView:
+    async def add_replica(
+        self,
+        instance,
+        name,
+        *,
+        size=None,
+        spark_master=None,
+        spark_conf=None,
+        address=None,
+        driver_host=None,
+        driver_bind_address=None,
+        wait=False,
+        timeout_ms=None,
+    ) -> ReplicaView:
         driver = self._driver(instance)
+        if timeout_ms is not None and (not wait or timeout_ms < 1):
+            raise ControllerError("INVALID_ARGUMENT", f"timeout_ms ({timeout_ms}) is how long to wait: a positive number, with wait")
+        timeout_ms = driver.instance.options.replica_timeout_ms if timeout_ms is None else timeout_ms
+        deadline = time.monotonic() + timeout_ms / 1000
+        spark_conf = _placed(name, spark_conf or {}, address, driver_host, driver_bind_address)
         if spark_master is None:
             size = size or "xsmall"
             spark_master = size_of(size).master
-            spark_conf = {"spark.driver.memory": size_of(size).driver_memory, **(spark_conf or {})}
+            spark_conf = {"spark.driver.memory": size_of(size).driver_memory, **spark_conf}
+        elif spark_master.startswith("spark://"):
+            try:
+                standalone_masters(spark_master)
+            except ValueError as e:
+                raise ControllerError("INVALID_ARGUMENT", str(e)) from None
         size = size or "custom"
         info = await _blocking(
             self.catalog.create_replica, instance, name, size=size, spark_master=spark_master, spark_conf=spark_conf, address=address
         )
         if info.managed:
+            ready_timeout = {"ready_timeout_s": deadline - time.monotonic()} if wait else {}
             try:
-                await _blocking(self.orchestrator.spawn, info, self._launch_conf(instance))
+                await _blocking(self.orchestrator.spawn, info, self._launch_conf(instance), **ready_timeout)
             except ControllerError:
                 await _blocking(self.catalog.drop_replica, instance, name)
                 raise
         await driver.call(lambda inst: inst.add_replica(name))
+        if wait:
+            try:
+                in_sync = await self._await_in_sync(driver, [name], deadline)
+            except BaseException:  # the call was canceled: it leaves nothing behind either
+                await asyncio.shield(self.drop_replica(instance, name, force=True))
+                raise
+            if not in_sync:
+                why = _why_not_in_sync(driver, name)
+                await self.drop_replica(instance, name, force=True)
+                raise ControllerError("DEADLINE_EXCEEDED", f"replica {name} did not get in sync within {timeout_ms} ms ({why}); it was dropped")
         return next(r for r in (await self.status(instance))[0].replicas if r.name == name)
 
     async def drop_replica(self, instance: str, name: str, *, force: bool = False) -> None:
@@ -333,16 +368,23 @@ class Controller:
             name = _fresh_name(f"{size}_{number + 1}", old + added)
             await self.add_replica(instance, name, size=size)
             added.append(name)
-        deadline = time.monotonic() + timeout_ms / 1000
-        # In sync where any replica serves, as drop_replica counts: a dataflow that failed
-        # on every replica must not hold the resize up (a larger size may be its cure).
-        while not all(h.in_sync_where_served for h in driver.instance.health() if h.name in added):
-            if time.monotonic() > deadline:
-                raise ControllerError("DEADLINE_EXCEEDED", f"the new {size} replicas {added} did not get in sync within {timeout_ms} ms; the old replicas are kept")
-            await asyncio.sleep(RESIZE_POLL_S)
+        if not await self._await_in_sync(driver, added, time.monotonic() + timeout_ms / 1000):
+            raise ControllerError("DEADLINE_EXCEEDED", f"the new {size} replicas {added} did not get in sync within {timeout_ms} ms; the old replicas are kept")
         for name in old:
             await self.drop_replica(instance, name)
         return list((await self.status(instance))[0].replicas)
+
+    @staticmethod
+    async def _await_in_sync(driver: InstanceDriver, names: Sequence[str], deadline: float) -> bool:
+        """Whether replicas `names` all got in sync before `deadline` (monotonic seconds).
+
+        In sync where any replica serves, as drop_replica counts: a dataflow that failed
+        on every replica must not hold up a new replica (a larger size may be its cure)."""
+        while not all(h.in_sync_where_served for h in driver.instance.health() if h.name in names):
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(IN_SYNC_POLL_S)
+        return True
 
     # --- Sources --------------------------------------------------------------------------
 
@@ -566,6 +608,45 @@ def _strategy(name: str, asked: str, not_incremental: str | None) -> str:
     if asked == "incremental":
         raise ControllerError("INVALID_ARGUMENT", f"dataflow {name!r} cannot be maintained incrementally: {not_incremental}")
     return f"recompute: {not_incremental}"
+
+
+def _placed(name: str, spark_conf: Mapping[str, str], address: str | None, driver_host: str | None, driver_bind_address: str | None) -> dict[str, str]:
+    """`spark_conf` with the driver's address of a managed replica: where executors on
+    other hosts reach its driver (`spark.driver.host`) and the interface it listens on
+    (`spark.driver.bindAddress`, default the host). Loopback when neither is given."""
+    placement = {
+        key: value
+        for key, value in (("spark.driver.host", driver_host), ("spark.driver.bindAddress", driver_bind_address))
+        if value is not None
+    }
+    if placement and address is not None:
+        raise ControllerError(
+            "INVALID_ARGUMENT",
+            f"replica {name!r} is external (at {address}): its own process sets its driver's address "
+            "(python -m replica_service --driver-host)",
+        )
+    for key, value in placement.items():
+        if not value or any(c.isspace() for c in value):
+            raise ControllerError("INVALID_ARGUMENT", f"{value!r} is not a host name or address (for {key} of replica {name!r})")
+        if spark_conf.get(key, value) != value:
+            raise ControllerError("INVALID_ARGUMENT", f"replica {name!r} gets two values for {key}: {spark_conf[key]!r} in its spark_conf and {value!r}")
+    return {**spark_conf, **placement}
+
+
+def _why_not_in_sync(driver: InstanceDriver, name: str) -> str:
+    """Why replica `name` is not in sync, from what the instance knows of it now."""
+    health = next(h for h in driver.instance.health() if h.name == name)
+    status = driver.instance.replicas[name].status
+    if status is not None and status.errors:
+        return "it reports: " + "; ".join(status.errors)
+    failed = [f"{d.id} failed: {d.error}" for d in (status.dataflows if status is not None else ()) if d.error]
+    if failed:
+        return "its dataflow " + "; ".join(failed)
+    if health.phase != "active":
+        return f"it is {health.phase}"
+    if not health.hydrated:
+        return "it has not hydrated every dataflow yet"
+    return f"it lags {health.lag_ms} ms behind, more than the instance's max lag of {driver.instance.options.max_lag_ms} ms"
 
 
 def _fresh_name(name: str, taken: Sequence[str]) -> str:

@@ -248,20 +248,28 @@ class ListInstancesResponse(_message.Message):
     def __init__(self, instances: _Optional[_Iterable[_Union[InstanceView, _Mapping]]] = ...) -> None: ...
 
 class AddReplicaRequest(_message.Message):
-    __slots__ = ("instance", "name", "size", "spark_master", "spark_conf", "address")
+    __slots__ = ("instance", "name", "size", "spark_master", "spark_conf", "address", "driver_host", "driver_bind_address", "wait", "timeout_ms")
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     SPARK_MASTER_FIELD_NUMBER: _ClassVar[int]
     SPARK_CONF_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_HOST_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_BIND_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     instance: str
     name: str
     size: str
     spark_master: str
     spark_conf: StringMap
     address: str
-    def __init__(self, instance: _Optional[str] = ..., name: _Optional[str] = ..., size: _Optional[str] = ..., spark_master: _Optional[str] = ..., spark_conf: _Optional[_Union[StringMap, _Mapping]] = ..., address: _Optional[str] = ...) -> None: ...
+    driver_host: str
+    driver_bind_address: str
+    wait: bool
+    timeout_ms: int
+    def __init__(self, instance: _Optional[str] = ..., name: _Optional[str] = ..., size: _Optional[str] = ..., spark_master: _Optional[str] = ..., spark_conf: _Optional[_Union[StringMap, _Mapping]] = ..., address: _Optional[str] = ..., driver_host: _Optional[str] = ..., driver_bind_address: _Optional[str] = ..., wait: _Optional[bool] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
 class DropReplicaRequest(_message.Message):
     __slots__ = ("instance", "name", "force")

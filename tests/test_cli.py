@@ -161,15 +161,34 @@ def test_replica_add_drop_and_instance_resize(tandem, api):
         "spark_master": "spark://h:7077",
         "spark_conf": {"spark.executor.cores": "4"},
         "address": None,
+        "driver_host": None,
+        "driver_bind_address": None,
+        "wait": False,
+        "timeout_ms": None,
     }
     tandem("replica", "add", "prod", "r3")
     assert api.last("add_replica")[1]["size"] == "xsmall"
+    tandem(
+        "replica", "add", "prod", "r5", "--spark-master", "spark://h:7077", "--driver-host", "10.0.0.2",
+        "--driver-bind-address", "0.0.0.0", "--wait", "--timeout-ms", "45000",
+    )
+    assert {k: v for k, v in api.last("add_replica")[1].items() if k.startswith(("driver", "wait", "timeout"))} == {
+        "driver_host": "10.0.0.2",
+        "driver_bind_address": "0.0.0.0",
+        "wait": True,
+        "timeout_ms": 45_000,
+    }
+    tandem("replica", "drop", "prod", "r5", "--force")
     tandem("replica", "add", "prod", "ext", "--replica-address", "10.0.0.5:7000", "--size", "large")
     assert api.last("add_replica")[1] == {
         "size": "large",
         "spark_master": None,
         "spark_conf": None,
         "address": "10.0.0.5:7000",
+        "driver_host": None,
+        "driver_bind_address": None,
+        "wait": False,
+        "timeout_ms": None,
     }
     assert tandem("replica", "drop", "prod", "ext", "--force") == (0, "dropped replica ext\n", "")
     assert api.last("drop_replica")[1] == {"force": True}

@@ -165,7 +165,18 @@ class FakeApi:
         return [self._view(name) for name in sorted(self.instances)]
 
     async def add_replica(
-        self, instance, name, *, size=None, spark_master=None, spark_conf=None, address=None
+        self,
+        instance,
+        name,
+        *,
+        size=None,
+        spark_master=None,
+        spark_conf=None,
+        address=None,
+        driver_host=None,
+        driver_bind_address=None,
+        wait=False,
+        timeout_ms=None,
     ):
         await self._enter(
             "add_replica",
@@ -175,6 +186,10 @@ class FakeApi:
             spark_master=spark_master,
             spark_conf=spark_conf,
             address=address,
+            driver_host=driver_host,
+            driver_bind_address=driver_bind_address,
+            wait=wait,
+            timeout_ms=timeout_ms,
         )
         self._instance(instance)
         if name in self.replicas[instance]:
@@ -569,6 +584,10 @@ def test_replicas_round_trip_and_the_size_rule(client, api):
         "spark_master": None,
         "spark_conf": None,
         "address": None,
+        "driver_host": None,
+        "driver_bind_address": None,
+        "wait": False,
+        "timeout_ms": None,
     }
     client.add_replica(
         "prod", "r2", spark_master="spark://h:7077", spark_conf={"spark.executor.cores": "4"}
@@ -578,9 +597,31 @@ def test_replicas_round_trip_and_the_size_rule(client, api):
         "spark_master": "spark://h:7077",
         "spark_conf": {"spark.executor.cores": "4"},
         "address": None,
+        "driver_host": None,
+        "driver_bind_address": None,
+        "wait": False,
+        "timeout_ms": None,
     }
-    client.add_replica("prod", "r3", size="large", spark_master="spark://h:7077")
-    assert api.last("add_replica")[1]["size"] == "large"
+    client.add_replica(
+        "prod",
+        "r3",
+        size="large",
+        spark_master="spark://h:7077",
+        driver_host="10.0.0.2",
+        driver_bind_address="0.0.0.0",
+        wait=True,
+        timeout_ms=45_000,
+    )
+    assert api.last("add_replica")[1] == {
+        "size": "large",
+        "spark_master": "spark://h:7077",
+        "spark_conf": None,
+        "address": None,
+        "driver_host": "10.0.0.2",
+        "driver_bind_address": "0.0.0.0",
+        "wait": True,
+        "timeout_ms": 45_000,
+    }
     external = client.add_replica("prod", "r4", address="10.0.0.5:7000")
     assert (external.address, external.managed, external.pid, external.lag_ms) == (
         "10.0.0.5:7000",
