@@ -341,6 +341,8 @@ class Controller:
         await driver.call(lambda inst: inst.add_replica(name))
         if wait:
             try:
+                # Strictly: where no replica is hydrated yet, no dataflow is served, and a
+                # new replica would be in sync "where served" at once.
                 in_sync = await self._await_in_sync(driver, [name], deadline)
             except BaseException:  # the call was canceled: it leaves nothing behind either
                 await asyncio.shield(self.drop_replica(instance, name, force=True))
@@ -368,19 +370,19 @@ class Controller:
             name = _fresh_name(f"{size}_{number + 1}", old + added)
             await self.add_replica(instance, name, size=size)
             added.append(name)
-        if not await self._await_in_sync(driver, added, time.monotonic() + timeout_ms / 1000):
+        # In sync where any replica serves, as drop_replica counts: a dataflow that failed
+        # on every replica must not hold the resize up (a larger size may be its cure).
+        if not await self._await_in_sync(driver, added, time.monotonic() + timeout_ms / 1000, where_served=True):
             raise ControllerError("DEADLINE_EXCEEDED", f"the new {size} replicas {added} did not get in sync within {timeout_ms} ms; the old replicas are kept")
         for name in old:
             await self.drop_replica(instance, name)
         return list((await self.status(instance))[0].replicas)
 
     @staticmethod
-    async def _await_in_sync(driver: InstanceDriver, names: Sequence[str], deadline: float) -> bool:
-        """Whether replicas `names` all got in sync before `deadline` (monotonic seconds).
-
-        In sync where any replica serves, as drop_replica counts: a dataflow that failed
-        on every replica must not hold up a new replica (a larger size may be its cure)."""
-        while not all(h.in_sync_where_served for h in driver.instance.health() if h.name in names):
+    async def _await_in_sync(driver: InstanceDriver, names: Sequence[str], deadline: float, *, where_served: bool = False) -> bool:
+        """Whether replicas `names` all got in sync before `deadline` (monotonic seconds):
+        strictly, or `where_served` (`ReplicaHealth.in_sync_where_served`)."""
+        while not all(h.in_sync_where_served if where_served else h.in_sync for h in driver.instance.health() if h.name in names):
             if time.monotonic() > deadline:
                 return False
             await asyncio.sleep(IN_SYNC_POLL_S)
