@@ -114,6 +114,11 @@ def test_bad_input_gets_the_right_status_and_writes_nothing(cluster):
         (lambda: client.append("sales", [{"id": None, "region": "x", "amount": 1.0}]), grpc.StatusCode.INVALID_ARGUMENT),
         (lambda: client.peek("main", "totals", timestamp=0), grpc.StatusCode.FAILED_PRECONDITION),
         (lambda: client.add_replica("main", "huge", size="galactic"), grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: client.add_replica("main", "odd", spark_master="spark://no-port"), grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: client.add_replica("main", "ext", address="127.0.0.1:1", driver_host="10.0.0.5"), grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: client.add_replica("main", "blank", driver_host=" "), grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: client.add_replica("main", "nowait", timeout_ms=1000), grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: client.add_replica("main", "twice", driver_host="a", spark_conf={"spark.driver.host": "b"}), grpc.StatusCode.INVALID_ARGUMENT),
     ]
     for call, code in cases:
         with pytest.raises(TandemError) as error:

@@ -1,9 +1,10 @@
-"""The replica's pure parts, without Spark: arrangements, finishing, step planning, and
-the Arrow side of index changes."""
+"""The replica's pure parts, without Spark: arrangements, finishing, step planning, the
+Arrow side of index changes, and the checks of a `spark://` master before Spark starts."""
 
 from __future__ import annotations
 
 import random
+import socket
 
 import pyarrow as pa
 import pytest
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 import history as h
 from replica_service._arrangement import Arrangement, Version, canonical_sort, digest, finish
 from replica_service._dataflow import times_to_compute
+from replica_service._spark import SparkUnavailable, check_reachable, standalone_masters
 from replica_service.dataplane._maintain import _apply, _signed_changes
 from storage import DIFF, NegativeCount
 
@@ -140,3 +142,23 @@ def test_a_change_that_retracts_a_missing_row_is_an_error():
     retract_two = pa.table({"v": [2], DIFF: pa.array([-1], pa.int64())})
     with pytest.raises(NegativeCount, match=r"dataflow test at 7: row \{'v': 2\} has net count -1"):
         _apply(old, retract_two, "test", 7)
+
+
+def test_standalone_master_urls():
+    assert standalone_masters("spark://10.0.0.1:7077") == [("10.0.0.1", 7077)]
+    assert standalone_masters("spark://a:7077,b:7078") == [("a", 7077), ("b", 7078)]
+    assert standalone_masters("spark://[::1]:7077") == [("::1", 7077)]
+    for bad in ("spark://host", "spark://:7077", "spark://h:0", "spark://h:x", "local[2]"):
+        with pytest.raises(ValueError):
+            standalone_masters(bad)
+
+
+def test_a_master_is_reachable_when_one_of_its_addresses_accepts():
+    with socket.socket() as listening, socket.socket() as closed:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        closed.bind(("127.0.0.1", 0))  # bound, not listening: refuses connections
+        up, down = listening.getsockname()[1], closed.getsockname()[1]
+        check_reachable(f"spark://127.0.0.1:{down},127.0.0.1:{up}")
+        with pytest.raises(SparkUnavailable, match=rf"^spark master spark://127.0.0.1:{down} is not reachable \(Connection refused\)$"):
+            check_reachable(f"spark://127.0.0.1:{down}")
