@@ -407,8 +407,9 @@ def _apply(previous: pa.Table | None, changes: pa.Table, name: str, time: int) -
     """`previous` (a version's rows) with `changes` applied (Arrow, in this process: both
     are bounded by the output). A row retracted more often than it exists is an error."""
     names = [n for n in changes.column_names if n != DIFF]
-    parts = [changes.select([*names, DIFF])]
+    schema = changes.select(names).schema.append(pa.field(DIFF, pa.int64()))
+    parts = [changes.select([*names, DIFF]).cast(schema)]
     if previous is not None and previous.num_rows:
         rows = previous.select(names).cast(changes.select(names).schema)
-        parts.insert(0, rows.append_column(DIFF, pa.array([1] * rows.num_rows, pa.int64())))
+        parts.insert(0, rows.append_column(DIFF, pa.array([1] * rows.num_rows, pa.int64())).cast(schema))
     return snapshot_of(pa.concat_tables(parts), names, f"dataflow {name} at {time}")
