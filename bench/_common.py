@@ -132,6 +132,12 @@ def replica_pid(client: Client, instance: str) -> int:
     return wait_until(lambda: next((r.pid for r in client.status(instance)[0].replicas if r.pid), None), 180, "the replica's pid")
 
 
+def hydrated(client: Client, instance: str, name: str) -> bool:
+    """Every replica reports dataflow `name` hydrated (its frontier past its as_of)."""
+    replicas = client.status(instance)[0].replicas
+    return bool(replicas) and all(r.dataflows.get(name) is not None and r.dataflows[name].hydrated for r in replicas)
+
+
 def write_frontier(client: Client, instance: str, name: str) -> int | None:
     """The write frontier the controller knows for the dataflow `name`'s export."""
     for collection in client.status(instance)[0].collections:

@@ -36,6 +36,7 @@ from _common import (  # noqa: E402
     Peak,
     change,
     controller,
+    hydrated,
     jvm_of,
     load,
     log,
@@ -62,11 +63,11 @@ def run_size(root: Path, rows: int, size: str, appends: int) -> dict:
 
         started = time.monotonic()
         client.create_dataflow("bench", "totals", TOTALS, index_key=["region"])
-        client.peek("bench", "totals", key="r1", timestamp=loaded, timeout_ms=3_600_000)
+        client.peek("bench", "totals", key="r1", consistency="strict", timeout_ms=3_600_000)
         hydrate_totals = time.monotonic() - started
         started = time.monotonic()
         client.create_dataflow("bench", "big", BIG, materialize=True)
-        wait_for(lambda: (w := write_frontier(client, "bench", "big")) is not None and w > loaded, 3600)
+        wait_for(lambda: hydrated(client, "bench", "big"), 3600)
         hydrate_big = time.monotonic() - started
         log(f"hydrated: totals {hydrate_totals:.1f} s, big {hydrate_big:.1f} s")
 
@@ -74,7 +75,7 @@ def run_size(root: Path, rows: int, size: str, appends: int) -> dict:
         for step in range(appends):
             started = time.monotonic()
             t = client.append("sales", change(rows, step))
-            client.peek("bench", "totals", key="r1", timestamp=t, timeout_ms=600_000)
+            client.peek("bench", "totals", key="r1", consistency="strict", timeout_ms=600_000)
             index_latency.append(time.monotonic() - started)
             wait_for(lambda: (w := write_frontier(client, "bench", "big")) is not None and w > t, 600)
             view_latency.append(time.monotonic() - started)
@@ -111,7 +112,7 @@ def floor(root: Path, rows: int) -> tuple[float, float]:
         loaded = load(client, "sales", rows)
         started = time.monotonic()
         client.create_dataflow("bench", "totals", TOTALS, index_key=["region"])
-        client.peek("bench", "totals", key="r1", timestamp=loaded, timeout_ms=3_600_000)
+        client.peek("bench", "totals", key="r1", consistency="strict", timeout_ms=3_600_000)
         tandem = time.monotonic() - started
         files = [str(p) for p in (root / "blobs").glob("u*/*.parquet")]
     from pyspark.sql import SparkSession

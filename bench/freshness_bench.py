@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import SALES, change, controller, load, log, p50_p99, pct, replica_pid, sales_rows, write_frontier  # noqa: E402
+from _common import SALES, change, controller, hydrated, load, log, p50_p99, pct, replica_pid, sales_rows, wait_until, write_frontier  # noqa: E402
 
 REGIONS = "region STRING, zone STRING"
 SHAPES = {
@@ -78,8 +78,8 @@ def shapes(root: Path, rows: int, appends: int) -> dict[str, dict[str, list[floa
                 log(f"{view.name}: {view.strategy}")
             started = time.monotonic()
             for shape, (_, key) in KEYS.items():
-                client.peek("bench", names[shape], key=key, timestamp=loaded, timeout_ms=3_600_000)
-            wait_past(client, names["c"], loaded)
+                client.peek("bench", names[shape], key=key, consistency="strict", timeout_ms=3_600_000)
+            wait_until(lambda: hydrated(client, "bench", names["c"]), 3600, f"{names['c']} hydrated")
             log(f"{rows:,} rows, {strategy}: hydrated in {time.monotonic() - started:.1f} s")
             samples = {shape: [] for shape in SHAPES}
             for _ in range(appends):
@@ -87,7 +87,7 @@ def shapes(root: Path, rows: int, appends: int) -> dict[str, dict[str, list[floa
                 t = client.append("sales", change(rows, step))
                 step += 1
                 for shape, (_, key) in KEYS.items():
-                    client.peek("bench", names[shape], key=key, timestamp=t, timeout_ms=600_000)
+                    client.peek("bench", names[shape], key=key, consistency="strict", timeout_ms=600_000)
                     samples[shape].append(time.monotonic() - started)
                 wait_past(client, names["c"], t)
                 samples["c"].append(time.monotonic() - started)
@@ -181,7 +181,7 @@ def tpch(root: Path, sf: float) -> list[tuple[str, str, float]]:
             log(f"{name}: {view.strategy}")
         started = time.monotonic()
         for name in benchmark.QUERIES:
-            client.peek("tpch", name, timestamp=loaded, timeout_ms=3_600_000)
+            client.peek("tpch", name, consistency="strict", timeout_ms=3_600_000)
         log(f"TPC-H SF {sf}: all 22 hydrated in {time.monotonic() - started:.0f} s")
         lineitem_change = benchmark.lineitem_change(tables, 1000, seed=7)
         results: dict[str, float] = {}
@@ -192,7 +192,7 @@ def tpch(root: Path, sf: float) -> list[tuple[str, str, float]]:
             from controller.client import Client
 
             with Client.connect(client.address) as own:
-                own.peek("tpch", name, timestamp=t, timeout_ms=3_600_000)
+                own.peek("tpch", name, consistency="strict", timeout_ms=3_600_000)
             results[name] = time.monotonic() - started
 
         threads = [threading.Thread(target=wait, args=(name,)) for name in benchmark.QUERIES]

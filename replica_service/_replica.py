@@ -458,29 +458,29 @@ class Replica:
                     await self._advance_sinks(dataflow, upper)
                 self._advance(dataflow, upper)
                 passing_failures = 0
-            except (OSError, CatalogError) as e:
+            except Exception as e:
+                if isinstance(e, (Py4JNetworkError, ConnectionError)) or not _spark.jvm_alive():
+                    self._lost_jvm({dataflow.id, *self.in_flight})  # a dying JVM raises all sorts
                 if isinstance(e, NegativeCount):  # the stored data is wrong, not the moment
                     self._fail(dataflow, str(e))
                     return
-                # A storage hiccup, a read the controller's holds did not cover yet:
-                # try again at the next wake-up.
-                log.warning("dataflow %s: storage read failed, retrying: %s", dataflow.desc.name, e)
-                await asyncio.sleep(self.parameters.input_poll_interval_ms / 1000)
-                wakeup.set()
-            except (Py4JNetworkError, ConnectionError):
-                self._lost_jvm({dataflow.id, *self.in_flight})
-            except Exception as e:
-                message = _spark_error_message(e)
-                if _is_passing(e) and passing_failures < TRANSIENT_RETRIES:
+                if isinstance(e, (OSError, CatalogError)):
+                    # A storage hiccup, a read the controller's holds did not cover yet:
+                    # try again at the next wake-up.
+                    log.warning("dataflow %s: storage read failed, retrying: %s", dataflow.desc.name, e)
+                    await asyncio.sleep(self.parameters.input_poll_interval_ms / 1000)
+                    wakeup.set()
+                elif _is_passing(e) and passing_failures < TRANSIENT_RETRIES:
                     # Lost executors, missing cached blocks, files gone under an old plan:
                     # the moment, not the query. Rebuild the dataflow's Spark state and retry.
                     passing_failures += 1
+                    message = _spark_error_message(e)
                     log.warning("dataflow %s: step failed (%s), rebuilding its state, retry %d", dataflow.desc.name, message, passing_failures)
                     dataflow.maintainer = None
                     await asyncio.sleep(min(2**passing_failures, 30))
                     wakeup.set()
                 else:  # an error in the user's SQL or data: this dataflow fails alone
-                    self._fail(dataflow, message)
+                    self._fail(dataflow, _spark_error_message(e))
                     return
             if dataflow.frontier.is_empty or dataflow.frontier == dataflow.desc.until:
                 return

@@ -138,6 +138,12 @@ def start_session(
     return session
 
 
+def jvm_alive() -> bool:
+    """False once this process's JVM has exited."""
+    process = getattr(SparkContext._gateway, "proc", None)
+    return process is None or process.poll() is None
+
+
 def jvm_exit_cause() -> str:
     """Why this process's JVM is gone, as far as its exit code tells."""
     process = getattr(SparkContext._gateway, "proc", None)

@@ -33,8 +33,17 @@ REPO = Path(__file__).resolve().parent.parent
 class ReplicaProcess:
     """`python -m replica_service` in its own process group; `stop()` ends it."""
 
-    def __init__(self, catalog_url: str, blob_dir: Path, *, master: str = "local[1]", spark_conf: dict[str, str] | None = None, log_path: Path | None = None) -> None:
-        command = [sys.executable, "-m", "replica_service", "--catalog", catalog_url, "--blob-dir", str(blob_dir), "--spark-master", master]
+    def __init__(
+        self,
+        catalog_url: str,
+        blob_dir: Path,
+        *,
+        master: str = "local[1]",
+        spark_conf: dict[str, str] | None = None,
+        log_path: Path | None = None,
+        args: tuple[str, ...] = (),
+    ) -> None:
+        command = [sys.executable, "-m", "replica_service", "--catalog", catalog_url, "--blob-dir", str(blob_dir), "--spark-master", master, *args]
         for key, value in (spark_conf or {}).items():
             command += ["--spark-conf", f"{key}={value}"]
         self.log_path = log_path

@@ -93,6 +93,34 @@ def test_a_dataflow_failing_everywhere_is_loud_and_the_others_still_serve(cluste
     wait_until(lambda: client.status("main")[0].health == "healthy", 60, "healthy again")
 
 
+def test_the_planner_picks_the_strategy_and_the_user_can_force_it(cluster):
+    client: Client = cluster["client"]
+    outer = "select s.id, t.region from sales s left join sales t on s.id = t.id + 1"
+    assert {d.name: d.strategy for d in client.list_dataflows("main")}["totals"] == "incremental"
+    with pytest.raises(TandemError) as error:
+        client.create_dataflow("main", "outer", outer, index_key=["id"], strategy="incremental")
+    assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "cannot be maintained incrementally: left outer join" in error.value.message
+    assert "outer" not in [d.name for d in client.list_dataflows("main")]  # nothing written
+    chosen = client.create_dataflow("main", "outer", outer, index_key=["id"])
+    assert chosen.strategy.startswith("recompute: left outer join")
+    forced = client.create_dataflow("main", "forced", TOTALS, index_key=["region"], strategy="recompute")
+    assert forced.strategy == "recompute: asked for"
+    t = client.append("sales", [{"id": 50, "region": "north", "amount": 1.5}, {"id": 0, "region": "north", "amount": 0.0, "_diff": -1}])
+    incremental = client.peek("main", "totals", timestamp=t, timeout_ms=120_000)
+    recomputed = client.peek("main", "forced", timestamp=t, timeout_ms=120_000)
+    assert incremental.rows == recomputed.rows  # the same bits either way
+    assert client.peek("main", "outer", key=50, timestamp=t, timeout_ms=120_000).rows == [{"id": 50, "region": None}]
+    steps = wait_until(
+        lambda: (v := client.status("main")[0]) and all(r.dataflows.get("forced") and r.dataflows["forced"].steps for r in v.replicas) and v,
+        60,
+        "step figures in status",
+    )
+    assert all(r.dataflows["totals"].last_step_ms > 0 and r.dataflows["totals"].rows_changed > 0 for r in steps.replicas)
+    for name in ("outer", "forced"):
+        client.drop_dataflow("main", name)
+
+
 def test_bad_input_gets_the_right_status_and_writes_nothing(cluster):
     client: Client = cluster["client"]
     def catalog_contents():  # what a refused request must not change (uppers move on their own)

@@ -473,6 +473,41 @@ def test_bad_input_tables(planner, tables, expected):
 # --- Last: nothing ran, and a stopped planner refuses -----------------------------------
 
 
+# --- Incremental maintenance ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT id, amount * 2 AS doubled, CASE WHEN amount > 10 THEN 'big' END AS size FROM sales WHERE day > DATE '2024-01-01'",
+        "SELECT region, count(*) AS n, sum(amount) AS total, avg(amount) AS mean FROM sales GROUP BY region",
+        "SELECT region, min(amount) AS lo, max(day) AS last, count(DISTINCT id) AS ids FROM sales GROUP BY region HAVING count(*) > 2",
+        "SELECT r.name, sum(s.amount) / count(*) AS ratio FROM sales s JOIN regions r ON s.region = r.region GROUP BY r.name",
+        "SELECT DISTINCT region FROM sales",
+        "SELECT id FROM sales UNION ALL SELECT id FROM sales WHERE amount > 0",
+        "SELECT count(*) AS n FROM sales",
+        "SELECT region, sum(amount) AS total FROM sales GROUP BY region ORDER BY total DESC",
+    ],
+)
+def test_maintainable_shapes_are_incremental(planner, sql):
+    assert planner.analyze(sql, TABLES).not_incremental is None
+
+
+@pytest.mark.parametrize(
+    ("sql", "reason"),
+    [
+        ("SELECT s.id, r.name FROM sales s LEFT JOIN regions r ON s.region = r.region", "left outer join"),
+        ("SELECT id FROM sales WHERE region IN (SELECT region FROM regions)", "a subquery"),
+        ("SELECT id, rank() OVER (ORDER BY amount) AS r FROM sales", "a window function"),
+        ("SELECT id FROM sales ORDER BY amount LIMIT 10", "LIMIT"),
+        ("SELECT region, stddev(amount) AS sd FROM sales GROUP BY region", "the aggregate stddev"),
+        ("WITH big AS (SELECT * FROM sales WHERE amount > 1) SELECT id FROM big", "a WITH clause"),
+    ],
+)
+def test_other_shapes_are_recomputed_and_the_planner_says_why(planner, sql, reason):
+    assert reason in planner.analyze(sql, TABLES).not_incremental
+
+
 def test_planning_ran_no_spark_job_and_stop_is_final(planner):
     tracker = planner._session.sparkContext.statusTracker()
     assert set(tracker.getJobIdsForGroup()) - planner.jobs_before == set()

@@ -8,6 +8,7 @@ same SQL run directly with Spark, in the test process, on the storage snapshot.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import replace
@@ -449,3 +450,42 @@ def test_a_session_resumed_while_buffering_keeps_buffering(env, sales, small):
     assert status.dataflows_kept == before.dataflows_kept + dataflows  # one reconciliation
     assert status.dataflows_built == before.dataflows_built
     assert resumed.responses.refusal is None
+
+
+# A dataflow whose step exhausts a 512 MB heap: a thousand strings of a million characters
+# collected into one group. Spark exits the JVM on the task's OutOfMemoryError.
+HEAP_EATER = (
+    "select region, size(collect_list(repeat('x', 1000000))) as n "
+    "from (select region, explode(sequence(1, 1000)) as i from sales) group by region"
+)
+
+
+def test_a_dataflow_that_kills_the_jvm_is_refused_after_two_deaths_not_looped(env, sales, tmp_path):
+    """The replica dies with its JVM and records what it was computing; the incarnation
+    that would compute it a third time marks it failed instead, and serves the rest."""
+    crash_file = tmp_path / "crashes.json"
+    desc = _dataflow(env, "heap_eater", HEAP_EATER, {"sales": sales["id"]}, key=["region"])
+    for death in (1, 2):
+        replica = ReplicaProcess(env["url"], env["root"] / "blobs", log_path=tmp_path / f"eater-{death}.log", args=("--crash-file", str(crash_file)))
+        controller = Controller(replica.address, env["config"])
+        controller.send(h.CreateDataflow(desc), h.Schedule(desc.export_ids[0]))
+        assert replica.process.wait(timeout=180) == 70, f"incarnation {death} should die with its JVM"
+        controller.client.close()
+        recorded = json.loads(crash_file.read_text())["dataflows"][desc.export_ids[0]]
+        assert recorded["deaths"] == death and "OutOfMemoryError" in recorded["cause"]
+    replica = ReplicaProcess(env["url"], env["root"] / "blobs", log_path=tmp_path / "eater-3.log", args=("--crash-file", str(crash_file)))
+    try:
+        controller = Controller(replica.address, env["config"])
+        totals = _dataflow(env, "totals_beside", TOTALS, {"sales": sales["id"]}, key=["region"])
+        controller.send(h.CreateDataflow(desc), h.Schedule(desc.export_ids[0]), h.CreateDataflow(totals), h.Schedule(totals.export_ids[0]))
+        status = controller.client.wait_for(
+            lambda r: next((d for s in r.statuses[-1:] for d in s.dataflows if d.id == desc.export_ids[0] and d.error), None), 60, "the refusal"
+        )
+        assert "JVM died 2 times while computing this dataflow" in status.error
+        peek = controller.client.peek(h.IndexTarget(desc.export_ids[0]), sales["times"][-1])
+        assert isinstance(peek, h.PeekError) and "JVM died 2 times" in peek.message
+        controller.client.wait_frontier(totals.export_ids[0], past=sales["times"][-1])  # the rest is served
+        assert replica.process.poll() is None
+        controller.client.close()
+    finally:
+        replica.stop()
