@@ -95,8 +95,10 @@ def test_a_dataflow_failing_everywhere_is_loud_and_the_others_still_serve(cluste
 
 def test_the_planner_picks_the_strategy_and_the_user_can_force_it(cluster):
     client: Client = cluster["client"]
-    outer = "select s.id, t.region from sales s left join sales t on s.id = t.id + 1"
+    client.create_source("orders", SCHEMA)
+    client.append("orders", [{"id": i, "region": ["north", "south"][i % 2], "amount": float(i)} for i in range(6)])
     assert {d.name: d.strategy for d in client.list_dataflows("main")}["totals"] == "incremental"
+    outer = "select s.id, t.region from orders s left join orders t on s.id = t.id + 1"
     with pytest.raises(TandemError) as error:
         client.create_dataflow("main", "outer", outer, index_key=["id"], strategy="incremental")
     assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT
@@ -104,27 +106,38 @@ def test_the_planner_picks_the_strategy_and_the_user_can_force_it(cluster):
     assert "outer" not in [d.name for d in client.list_dataflows("main")]  # nothing written
     chosen = client.create_dataflow("main", "outer", outer, index_key=["id"])
     assert chosen.strategy.startswith("recompute: left outer join")
-    forced = client.create_dataflow("main", "forced", TOTALS, index_key=["region"], strategy="recompute")
+    by_region = TOTALS.replace("sales", "orders")
+    client.create_dataflow("main", "maintained", by_region, index_key=["region"])
+    forced = client.create_dataflow("main", "forced", by_region, index_key=["region"], strategy="recompute")
     assert forced.strategy == "recompute: asked for"
-    t = client.append("sales", [{"id": 50, "region": "north", "amount": 1.5}, {"id": 0, "region": "north", "amount": 0.0, "_diff": -1}])
-    incremental = client.peek("main", "totals", timestamp=t, timeout_ms=120_000)
-    recomputed = client.peek("main", "forced", timestamp=t, timeout_ms=120_000)
-    assert incremental.rows == recomputed.rows  # the same bits either way
-    assert client.peek("main", "outer", key=50, timestamp=t, timeout_ms=120_000).rows == [{"id": 50, "region": None}]
-    steps = wait_until(
-        lambda: (v := client.status("main")[0]) and all(r.dataflows.get("forced") and r.dataflows["forced"].steps for r in v.replicas) and v,
+    client.append("orders", [{"id": 50, "region": "north", "amount": 1.5}, {"id": 0, "region": "north", "amount": 0.0, "_diff": -1}])
+    incremental = client.peek("main", "maintained", consistency="strict", timeout_ms=120_000)
+    recomputed = client.peek("main", "forced", consistency="strict", timeout_ms=120_000)
+    assert incremental.rows == recomputed.rows == [
+        {"region": "north", "total": 7.5, "n": 3},
+        {"region": "south", "total": 9.0, "n": 3},
+    ]  # the same bits either way
+    assert client.peek("main", "outer", key=50, consistency="strict", timeout_ms=120_000).rows == [{"id": 50, "region": None}]
+    view = wait_until(
+        lambda: (v := client.status("main")[0])
+        and all(r.dataflows.get("forced") and r.dataflows["forced"].steps > 1 for r in v.replicas)
+        and v,
         60,
         "step figures in status",
     )
-    assert all(r.dataflows["totals"].last_step_ms > 0 and r.dataflows["totals"].rows_changed > 0 for r in steps.replicas)
-    for name in ("outer", "forced"):
+    for replica in view.replicas:
+        figures = replica.dataflows["maintained"]
+        assert figures.last_step_ms > 0 and figures.rows_changed > 0 and figures.steps > 1
+    for name in ("outer", "maintained", "forced"):
         client.drop_dataflow("main", name)
+    client.drop_source("orders")
 
 
 def test_bad_input_gets_the_right_status_and_writes_nothing(cluster):
     client: Client = cluster["client"]
-    def catalog_contents():  # what a refused request must not change (uppers move on their own)
-        return client.list_dataflows("main"), [(s.id, s.name, s.schema) for s in client.list_sources()], client.list_instances()[0].replicas
+    def catalog_contents():  # what a refused request must not change (uppers and step figures move on their own)
+        dataflows = [(d.id, d.name, d.sql, d.strategy) for d in client.list_dataflows("main")]
+        return dataflows, [(s.id, s.name, s.schema) for s in client.list_sources()], client.list_instances()[0].replicas
 
     before = catalog_contents()
     cases = [

@@ -38,7 +38,7 @@ from storage import Storage
 
 pytestmark = pytest.mark.spark
 
-EXAMPLES = int(os.environ.get("TANDEM_PROPERTY_EXAMPLES", "6"))
+EXAMPLES = int(os.environ.get("TANDEM_PROPERTY_EXAMPLES", "4"))
 
 T_SCHEMA = "id BIGINT, k STRING, x DOUBLE, q DECIMAL(10,2), n INT"
 U_SCHEMA = "id BIGINT, y INT, z STRING"
@@ -111,7 +111,7 @@ def sequences(draw):
     """Batches of changes: (t inserts, t retraction picks, u inserts, u retraction
     picks, t updates). A pick selects a live row by position, so every retraction
     retracts a row that exists; an update retracts a row and inserts a changed copy."""
-    steps = draw(st.integers(3, 5))
+    steps = draw(st.integers(3, 4))
     return [
         (
             draw(st.lists(t_rows, max_size=6)),

@@ -187,6 +187,7 @@ def test_a_steady_stream_of_appends_stays_bounded(catalog_url: str, blob_dir: Pa
 @dataclass(frozen=True)
 class Planned:
     schema: str
+    not_incremental: str | None = None
 
 
 class FakePlanner:

@@ -27,7 +27,6 @@ import pyarrow as pa
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import from_arrow_schema
 
 from history import DataflowDescription
 from storage import DIFF, snapshot_of
@@ -36,7 +35,7 @@ from replica_service._arrangement import Arrangement, Version
 from replica_service.dataplane._incremental import Binding, IncrementalDataflow
 from replica_service.dataplane._plan import DeltaPlan, NotIncremental, delta_plan
 from replica_service.dataplane._reader import StorageReader
-from replica_service.dataplane._rows import canonical, expand, quote
+from replica_service.dataplane._rows import arrow_frame, canonical, expand, quote
 from replica_service.dataplane._sink import SinkWriter
 
 Input = Union[StorageReader, Arrangement]
@@ -277,7 +276,7 @@ class Incremental(Maintainer):
         old = self._bound.get(position, new)
 
         def delta() -> DataFrame:
-            return _arrow_frame(self.session, _signed_changes(old.table, new.table))
+            return arrow_frame(self.session, _signed_changes(old.table, new.table))
 
         binding = Binding(
             lambda: _signed_frame(self.session, new.table),
@@ -333,9 +332,9 @@ def _nothing() -> None:
 
 def _view(session: SparkSession, name: str, source: Input) -> None:
     if isinstance(source, StorageReader):
-        session.createDataFrame([], source.file_ddl).drop("_time", DIFF).createOrReplaceTempView(name)
+        source.empty(session).drop("_time", DIFF).createOrReplaceTempView(name)
     else:
-        _arrow_frame(session, _version_schema(source).empty_table()).createOrReplaceTempView(name)
+        arrow_frame(session, _version_schema(source).empty_table()).createOrReplaceTempView(name)
 
 
 def _version_schema(arrangement: Arrangement) -> pa.Schema:
@@ -355,20 +354,12 @@ def _version_at(arrangement: Arrangement, time: int) -> Version:
 def _rows_at(session: SparkSession, source: Input, time: int) -> DataFrame:
     if isinstance(source, StorageReader):
         return source.snapshot(session, time)
-    return _arrow_frame(session, _version_at(source, time).table)
-
-
-def _arrow_frame(session: SparkSession, table: pa.Table) -> DataFrame:
-    """A small table (an index version or its changes) as a DataFrame. An explicit
-    schema keeps a zone-less Arrow timestamp a TIMESTAMP_NTZ, as the planner typed it.
-    Versions are canonically sorted, and `createDataFrame` cuts by row count only, so
-    every replica's partitions hold the same rows."""
-    return session.createDataFrame(table, schema=from_arrow_schema(table.schema, prefer_timestamp_ntz=True))
+    return arrow_frame(session, _version_at(source, time).table)
 
 
 def _signed_frame(session: SparkSession, table: pa.Table) -> DataFrame:
     """A version's rows as updates, each with `_diff` 1."""
-    return _arrow_frame(session, table.append_column(DIFF, pa.array([1] * table.num_rows, pa.int64())))
+    return arrow_frame(session, table.append_column(DIFF, pa.array([1] * table.num_rows, pa.int64())))
 
 
 def _signed_changes(old: pa.Table, new: pa.Table) -> pa.Table:

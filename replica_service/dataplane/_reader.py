@@ -31,9 +31,9 @@ from pyspark.sql import functions as F
 
 from catalog import FailedPrecondition, ManifestState
 from history import Frontier
-from storage import DIFF, TIME, Storage
+from storage import DIFF, TIME, Storage, file_schema
 from replica_service.dataplane._jvm import in_session
-from replica_service.dataplane._rows import consolidate, expand, spark_ddl
+from replica_service.dataplane._rows import arrow_frame, consolidate, expand, spark_ddl
 
 BASE_MAX_AGE_S = 60.0
 """A persisted base older than this is rebuilt from a fresh manifest when next used."""
@@ -136,7 +136,12 @@ class StorageReader:
             newer = self._read(session, [b for b in batches if _overlaps(b, base.through, through)], base.through, through)
             return frame.unionByName(newer) if newer is not None else frame
         frame = self._read(session, batches, after, through)
-        return frame if frame is not None else session.createDataFrame([], self.file_ddl)
+        return frame if frame is not None else self.empty(session)
+
+    def empty(self, session: SparkSession) -> DataFrame:
+        """No updates, in the files' schema (built in the JVM from an empty Arrow table:
+        an empty Python list would start Python workers to read it)."""
+        return arrow_frame(session, file_schema(self.schema).empty_table())
 
     def snapshot(self, session: SparkSession, t: int) -> DataFrame:
         """The collection's rows at `t`: one row per unit of net count (user columns).
@@ -162,7 +167,7 @@ class StorageReader:
             self._base.frame.unpersist()
         frame = self._read(session, batches, None, through)
         if frame is None:
-            frame = session.createDataFrame([], self.file_ddl)
+            frame = self.empty(session)
         frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
         return _Base(through, frame, time.monotonic(), tuple(b.uri for b in batches))
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Sequence
 
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql import functions as F
 
 from storage import DIFF, schema_to_ddl
@@ -36,6 +37,14 @@ def spark_ddl(schema: pa.Schema) -> str:
     return ", ".join(
         f"{quote(field.name)} {spark_type(field)}{'' if field.nullable else ' NOT NULL'}" for field in schema
     )
+
+
+def arrow_frame(session: SparkSession, table: pa.Table) -> DataFrame:
+    """A small Arrow table (an index version, its changes, an empty input) as a
+    DataFrame, built in the JVM. The explicit schema keeps a zone-less timestamp a
+    TIMESTAMP_NTZ. `createDataFrame` cuts a table into partitions by row count only, so
+    a canonically sorted version gives every replica the same partitions."""
+    return session.createDataFrame(table, schema=from_arrow_schema(table.schema, prefer_timestamp_ntz=True))
 
 
 def consolidate(updates: DataFrame, columns: Sequence[str], what: str) -> DataFrame:
