@@ -329,6 +329,23 @@ def test_two_replicas_write_a_materialized_view_exactly_once(env, sales, small, 
         assert_same_rows(storage.read_snapshot(sink, t), expected.cast(storage.schema(sink)))
 
 
+def test_a_recomputed_materialized_view_writes_its_first_and_every_version(env, sales, small, spark):
+    # A window function has no delta plan: recomputed at every change, diffed against the
+    # view's own contents, which are empty (and below its since) before its first write.
+    ranked = "select id, region, row_number() over (partition by region order by id) as position from sales"
+    desc = _dataflow(env, "ranked_mv", ranked, {"sales": sales["id"]}, materialized=True, as_of=sales["times"][-1])
+    assert desc.strategy == "recompute"
+    small.send(h.CreateDataflow(desc), h.Schedule(desc.export_ids[0]))
+    sink = desc.sink_exports[0].id
+    small.client.wait_frontier(sink, past=desc.as_of.time)
+    times = [append(env, sales, [{"id": 2000 + i, "region": "north", "amount": 1.0}]) for i in range(2)]
+    small.client.wait_frontier(sink, past=times[-1])
+    storage: Storage = env["storage"]
+    for t in (desc.as_of.time, *times):
+        expected = _expected(spark, env, ranked, {"sales": sales["id"]}, t)
+        assert_same_rows(storage.read_snapshot(sink, t), expected.cast(storage.schema(sink)))
+
+
 def test_reconnect_with_a_compatible_history_keeps_dataflows(env, sales, small):
     before = small.client.latest_status()
     index = _index_of(env, "totals")

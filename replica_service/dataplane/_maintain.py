@@ -151,7 +151,7 @@ class Recompute(Maintainer):
         def changes(current: int) -> DataFrame:
             reader = self.sink_readers[self.desc.sink_exports[0].id]
             reader.refresh(self.session)
-            before = reader.snapshot(self.session, current - 1) if current > 0 else None
+            before = None if reader.empty_before(current) else reader.snapshot(self.session, current - 1)
             return _difference(before, full)
 
         return StepOutput(time, version, changes, full.unpersist if shared else _nothing)

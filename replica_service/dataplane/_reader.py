@@ -118,6 +118,12 @@ class StorageReader:
     def has_changes(self, after: int, through: int) -> bool:
         return bool(self.change_times(after, Frontier(through + 1)))
 
+    def empty_before(self, t: int) -> bool:
+        """True when no batch holds an update below `t`: the collection has no rows there
+        (a materialized view not written yet, whose since may be its first time)."""
+        with self._lock:
+            return not any(time < t for b in self._batches for time in b.times)
+
     # --- DataFrames ----------------------------------------------------------------------
 
     def updates(self, session: SparkSession, through: int, *, after: int | None = None, cache: bool = False) -> DataFrame:
