@@ -760,9 +760,12 @@ def _is_passing(error: Exception) -> bool:
 
 
 def _spark_error_message(error: Exception) -> str:
-    """The first line of a Spark error: its condition and message, not the JVM stack."""
-    text = str(error).strip() or type(error).__name__
-    return text.splitlines()[0][:1000]
+    """The first line of a Spark error: its condition and message, not the JVM stack
+    (nor py4j's "An error occurred while calling o123.collect." before it)."""
+    lines = [line.strip().removeprefix(": ") for line in str(error).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].startswith("An error occurred while calling"):
+        lines = lines[1:]
+    return (lines[0] if lines else type(error).__name__)[:1000]
 
 
 _HANDLERS: dict[type, Callable[[Replica, Any], None]] = {

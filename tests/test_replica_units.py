@@ -162,3 +162,17 @@ def test_a_master_is_reachable_when_one_of_its_addresses_accepts():
         check_reachable(f"spark://127.0.0.1:{down},127.0.0.1:{up}")
         with pytest.raises(SparkUnavailable, match=rf"^spark master spark://127.0.0.1:{down} is not reachable \(Connection refused\)$"):
             check_reachable(f"spark://127.0.0.1:{down}")
+
+
+def test_a_spark_error_is_reported_by_its_cause_not_by_py4j_or_the_jvm_stack():
+    from replica_service._replica import _spark_error_message
+
+    py4j = RuntimeError(
+        "An error occurred while calling o1119.localCheckpoint.\n"
+        ": org.apache.spark.SparkException: Job aborted due to stage failure: [AGGREGATE_OUT_OF_MEMORY] No enough memory\n"
+        "\tat org.apache.spark.scheduler.DAGScheduler.failJobAndIndependentStages(DAGScheduler.scala:2898)\n"
+    )
+    assert _spark_error_message(py4j) == "org.apache.spark.SparkException: Job aborted due to stage failure: [AGGREGATE_OUT_OF_MEMORY] No enough memory"
+    analysis = RuntimeError("[CAST_INVALID_INPUT] The value 'x' of the type \"STRING\" cannot be cast to \"INT\".\n== SQL ==\n")
+    assert _spark_error_message(analysis).startswith("[CAST_INVALID_INPUT]")
+    assert _spark_error_message(RuntimeError("")) == "RuntimeError"

@@ -12,8 +12,9 @@ Rules of this package:
 - **One reader per storage collection per replica**, shared by every dataflow that
   imports it.
 - **State lives on Spark**: accumulators and value counts of incremental dataflows are
-  checkpointed DataFrames in the executors' block managers; the inputs other sides of a
-  join read whole come from a persisted base per collection.
+  checkpointed DataFrames on the executors' local disks; the inputs other sides of a
+  join read whole come from a base per collection persisted there too. Nothing of
+  them takes executor memory between steps, which joins and aggregations need.
 - **The same bits on every replica.** Incremental aggregates are exact sums, so a
   version does not depend on the path that led to it; a recomputed order-sensitive
   aggregate reads its inputs in a canonical layout. Outputs are multisets: order never

@@ -16,11 +16,12 @@ state:
 Accumulators are additive, so a step is one Spark query (its SQL generated here over
 temp views): the state's rows and the change's rows summed per group give every group's
 old and new accumulators at once; the touched groups' old and new values are the
-output's changes, and the new sums the next state. The state is checkpointed in the
-executors' block managers as that query computes it (`localCheckpoint`, lineage cut):
+output's changes, and the new sums the next state. The state is checkpointed on the
+executors' local disks as that query computes it (`localCheckpoint`, lineage cut):
 it is never read from storage again, and a step never reads an input whole. A step's
-cost is the change plus one in-memory pass over the state (one row per group), not
-the inputs: for a few thousand groups, that pass is a few milliseconds.
+cost is the change plus one pass over the state (one row per group; one per group and
+value for MIN, MAX and COUNT(DISTINCT)), not the inputs: for a few thousand groups,
+that pass is a few milliseconds.
 
 Path independence: every accumulator is an exact sum over the group's rows whatever
 their order, partitioning or the times they arrived at, and the output is a function of
@@ -154,13 +155,13 @@ class IncrementalDataflow:
         self._bind("__pre", pre)
         if self._acc is not None:
             self._bind("__state", self._acc)
-        summed = self._sql(self._summed_sql()).localCheckpoint(eager=False)
+        summed = self._sql(self._summed_sql()).localCheckpoint(eager=False, storageLevel=StorageLevel.DISK_ONLY)
         self._bind("__summed", summed)
         summed_values = {}
         for a in self._value_arguments:
             if self._values[a] is not None:
                 self._bind(f"__vstate{a}", self._values[a])
-            summed_values[a] = self._sql(self._summed_values_sql(a)).localCheckpoint(eager=False)
+            summed_values[a] = self._sql(self._summed_values_sql(a)).localCheckpoint(eager=False, storageLevel=StorageLevel.DISK_ONLY)
             self._bind(f"__vsummed{a}", summed_values[a])
         self._bind(ACC_VIEW, self._sql(self._versions_sql(time, shape)))
         changes = self._frame(shape.post)
@@ -178,8 +179,8 @@ class IncrementalDataflow:
 
     def _summed_sql(self) -> str:
         """Per group: each accumulator summed over state and change (`new_*`), over the
-        state alone (`old_*`, NULL for a group the state lacks), and whether the change
-        touched it."""
+        state alone (`old_*`, NULL for a group the state lacks; none while hydrating), and
+        whether the change touched it."""
         keys = self._keys
         contributions = ", ".join(f"{expression} AS {name}" for name, expression in self._accumulators.items())
         stored = ", ".join(self._accumulators)
@@ -192,7 +193,8 @@ class IncrementalDataflow:
         if self._acc is not None:
             both = f"SELECT {key_list}{stored}, 0 AS __src FROM __state UNION ALL {both}"
         sums = ", ".join(
-            f"sum({n}) AS new_{n}, sum(IF(__src = 0, {n}, NULL)) AS old_{n}" for n in self._accumulators
+            f"sum({n}) AS new_{n}" + (f", sum(IF(__src = 0, {n}, NULL)) AS old_{n}" if self._acc is not None else "")
+            for n in self._accumulators
         )
         grouping = f" GROUP BY {', '.join(keys)}" if keys else ""
         return f"SELECT {key_list}{sums}, max(__src) AS __touched FROM ({both}){grouping}"

@@ -174,7 +174,7 @@ class StorageReader:
         frame = self._read(session, batches, None, through)
         if frame is None:
             frame = self.empty(session)
-        frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
+        frame = frame.persist(StorageLevel.DISK_ONLY)
         return _Base(through, frame, time.monotonic(), tuple(b.uri for b in batches))
 
     def _check_readable(self, first: int, last: int) -> None:
