@@ -340,6 +340,12 @@ def test_a_recomputed_materialized_view_writes_its_first_and_every_version(env, 
     small.client.wait_frontier(sink, past=desc.as_of.time)
     times = [append(env, sales, [{"id": 2000 + i, "region": "north", "amount": 1.0}]) for i in range(2)]
     small.client.wait_frontier(sink, past=times[-1])
+    # Its last step wrote one row (the new id ranked last in its region), and says so.
+    small.client.wait_for(
+        lambda r: r.statuses and any(d.id == sink and d.rows_changed == 1 for d in r.statuses[-1].dataflows),
+        10,
+        "the view's status counting the row its last step wrote",
+    )
     storage: Storage = env["storage"]
     for t in (desc.as_of.time, *times):
         expected = _expected(spark, env, ranked, {"sales": sales["id"]}, t)

@@ -55,15 +55,19 @@ class StepOutput:
     _changes: Callable[[int], DataFrame]
     _finish: Callable[[], None]
     rows_changed: int = 0
+    _collected: pa.Table | None = None
 
     def version(self, previous: pa.Table | None) -> pa.Table:
         """The whole version at `time` (blocking; collects the output to this process)."""
-        table, self.rows_changed = self._version(previous)
-        return table
+        self._collected, self.rows_changed = self._version(previous)
+        return self._collected
 
     def write(self, sink: SinkWriter, upper: int) -> None:
-        """Have Spark write the changes at `time` to `sink` and move its upper to `upper`."""
-        sink.write(self.time, self._changes, upper)
+        """Have Spark write the changes at `time` to `sink` and move its upper to
+        `upper`. Without an index, `rows_changed` counts the rows written."""
+        written = sink.write(self.time, self._changes, upper)
+        if self._collected is None:
+            self.rows_changed = max(self.rows_changed, written)
 
     def finish(self) -> None:
         self._finish()

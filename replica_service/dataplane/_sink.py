@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -31,19 +32,20 @@ from replica_service.dataplane._rows import quote, spark_type
 class SinkWriter:
     id: str
     storage: Storage
-    batches_written: int = 0
 
     def upper(self) -> Frontier:
         return self.storage.upper(self.id)
 
-    def write(self, time: int, changes: Callable[[int], DataFrame] | None, upper: int) -> Frontier:
-        """Write the changes at `time` and move the upper to `upper`; return the
-        collection's upper (blocking: a Spark job and a catalog transaction).
+    def write(self, time: int, changes: Callable[[int], DataFrame] | None, upper: int) -> int:
+        """Write the changes at `time` and move the upper to `upper`; return how many
+        rows of changes this writer wrote (0 when another replica had written them
+        first; blocking: a Spark job and a catalog transaction).
 
         `changes(current)` gives them (user columns and `_diff`, consolidated) for a
         collection whose upper is `current`; it is called only when this writer has a
         range to write. None: nothing changed at `time`."""
         current = self.storage.upper(self.id)
+        rows = 0
         while not current.is_empty and current.time < upper:
             if current.time > time or changes is None:
                 # Written already by another replica (or nothing changed): only the upper moves.
@@ -51,16 +53,20 @@ class SinkWriter:
             else:
                 relative, uri = self.storage.reserve_batch(self.id)
                 self._frame(changes(current.time), time).write.parquet(uri)
+                rows = self._rows(relative)
                 commit = lambda: self.storage.commit_batch(self.id, current, Frontier(upper), relative)  # noqa: E731
             try:
                 info = commit()
             except UpperMismatch as lost:
                 current = lost.current
                 continue
-            if changes is not None and current.time <= time:
-                self.batches_written += 1
             current = info.upper
-        return current
+        return rows
+
+    def _rows(self, relative_path: str) -> int:
+        """The rows of a written directory batch, from its Parquet footers."""
+        files = self.storage.batch_files(self.storage.fs_path(relative_path))
+        return sum(pq.read_metadata(file, filesystem=self.storage.filesystem).num_rows for file in files)
 
     def _frame(self, changes: DataFrame, time: int) -> DataFrame:
         """The changes as batch rows: the collection's columns in its order and types,
