@@ -29,10 +29,9 @@ the accumulators alone. So a version at t has the same bits whether it was maint
 from an early `as_of`, hydrated at a later one, or recomputed from scratch (`recompute`
 evaluates the same plan over whole snapshots). The price, for floating-point sums: bits
 of a value below 2^-96 (about 1e-29) are dropped, the chunk sums stay exact for groups
-below 2^29 rows of values below 2^72, and the value is rebuilt from
-the exact chunk sums with a few roundings, in a fixed order. Spark's own float sum
-depends on the order of its partitions; this one does not, and may differ from it in
-the last bits.
+below 2^29 rows of values below 2^72, and the value is rebuilt from the exact chunk
+sums with a few roundings, in a fixed order. Spark's own float sum depends on the order
+of its partitions; this one does not, and may differ from it in the last bits.
 
 Rules: nothing here awaits; every method blocks on Spark (run it on a step thread).
 `step` is lazy; the caller runs the changes, then `commit`s the state they imply, so a

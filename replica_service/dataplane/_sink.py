@@ -38,8 +38,9 @@ class SinkWriter:
 
     def write(self, time: int, changes: Callable[[int], DataFrame] | None, upper: int) -> int:
         """Write the changes at `time` and move the upper to `upper`; return how many
-        rows of changes this writer wrote (0 when another replica had written them
-        first; blocking: a Spark job and a catalog transaction).
+        rows of changes this writer wrote, whether it won the race or not (0 when
+        another replica had written the time already; blocking: a Spark job and a
+        catalog transaction).
 
         `changes(current)` gives them (user columns and `_diff`, consolidated) for a
         collection whose upper is `current`; it is called only when this writer has a
