@@ -120,7 +120,7 @@ def test_the_planner_picks_the_strategy_and_the_user_can_force_it(cluster):
     assert client.peek("main", "outer", key=50, consistency="strict", timeout_ms=120_000).rows == [{"id": 50, "region": None}]
     view = wait_until(
         lambda: (v := client.status("main")[0])
-        and all(r.dataflows.get("forced") and r.dataflows["forced"].steps > 1 for r in v.replicas)
+        and all(r.dataflows.get(name) and r.dataflows[name].steps > 1 for r in v.replicas for name in ("forced", "maintained"))
         and v,
         60,
         "step figures in status",
