@@ -50,11 +50,12 @@ SHAPES = {
     ),
     "aggregates": (
         "SELECT k, count(*) AS c, count(x) AS cx, sum(x) AS sx, avg(x) AS ax, sum(q) AS sq, "
-        "avg(q) AS aq, sum(n) AS sn, avg(n) AS an FROM t GROUP BY k"
+        "avg(q) AS aq, sum(n) AS sn, avg(n) AS an, sum(q * q) AS sqq, avg(q * q) AS aqq FROM t GROUP BY k"
     ),
     "extremes": "SELECT k, min(x) AS lo, max(n) AS hi, count(DISTINCT n) AS dn, min(q) AS mq, max(k) AS mk FROM t GROUP BY k",
     "having": (
-        "SELECT k, sum(q) / count(*) AS ratio, sum(CASE WHEN n > 0 THEN x ELSE 0 END) AS s "
+        "SELECT k, sum(q) / count(*) AS ratio, sum(CASE WHEN n > 0 THEN x ELSE 0 END) AS s, "
+        "sum(CAST(q AS DECIMAL(38,6)) * 3) AS wide "
         "FROM t GROUP BY k HAVING count(*) > 1"
     ),
     "global": "SELECT count(*) AS c, sum(x) AS s, max(q) AS m, count(DISTINCT k) AS dk FROM t",

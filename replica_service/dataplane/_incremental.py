@@ -8,7 +8,7 @@ delta is not empty. A linear query's changes are those terms. An aggregate query
 state:
 - **accumulators**, one row per group: the group's multiplicity `__n` and, per aggregate
   argument, exact sums: integers as BIGINT, decimals as their unscaled value in two
-  BIGINTs (or as DECIMAL beyond 18 digits), floats as seven 24-bit integer chunks held in
+  BIGINTs (in base-10^9 BIGINT digits beyond 18 digits), floats as seven 24-bit integer chunks held in
   doubles (exact below 2^53), with counts of NaNs and infinities, and the non-null
   count `__c`;
 - **value counts** for `MIN`, `MAX` and `COUNT(DISTINCT)`: (group, value, count) rows,
@@ -354,6 +354,28 @@ def _decimal_scale(spark_type: str) -> tuple[int, int]:
     return precision, scale
 
 
+_DECIMAL_CHUNK = 10**9
+
+
+def _decimal_chunks(x: str, a: int, precision: int, scale: int) -> tuple[list[dict[str, str]], list[str]]:
+    """The unscaled value u of the DECIMAL `x` (argument `a`) cut into base-10^9 digits:
+    u = sum(c_k * 10^(9k)), every c_k in [0, 10^9) but the last (u's sign is there), each
+    a BIGINT whose sum over 9e9 rows cannot overflow. Exact: `x * 10^scale` is an
+    integer, which Spark keeps whole in 38 - min(scale, 6) digits when precision +
+    min(scale, 6) > 38 (a larger value fails the step loudly, an ANSI overflow; Spark's
+    own sum of such a column overflows beyond 38 - scale digits). Returned as staged
+    projections (each digit's quotient is the next stage's input) and the chunks over
+    them."""
+    count = -(-precision // 9)
+    quotients = [f"__u{a}_{k}" for k in range(count)]
+    stages = [{quotients[0]: f"CAST({x} * CAST({10**scale} AS DECIMAL({scale + 1},0)) AS DECIMAL(38,0))"}]
+    for k in range(1, count):
+        q = quotients[k - 1]
+        stages.append({quotients[k]: f"CAST(({q} - pmod({q}, {_DECIMAL_CHUNK})) / {_DECIMAL_CHUNK} AS DECIMAL(38,0))"})
+    chunks = [f"CAST(pmod({q}, {_DECIMAL_CHUNK}) AS BIGINT)" for q in quotients[:-1]] + [f"CAST({quotients[-1]} AS BIGINT)"]
+    return stages, chunks
+
+
 def _accumulators(shape: AggregateShape) -> tuple[list[dict[str, str]], dict[str, str]]:
     """The additive accumulators kept per group, by name, each as one row's contribution
     (a group's accumulator is their sum): `__n` and, per argument, what its aggregates
@@ -373,10 +395,7 @@ def _accumulators(shape: AggregateShape) -> tuple[list[dict[str, str]], dict[str
             continue
         if call.input_type in _FLOAT_TYPES:
             chunk_stages, chunks = _float_chunks(x, a)
-            for level, columns in enumerate(chunk_stages):
-                if level == len(stages):
-                    stages.append({})
-                stages[level].update(columns)
+            _merge_stages(stages, chunk_stages)
             for name, chunk in chunks.items():
                 contributions[f"__{name}_{a}"] = f"{chunk} * {DIFF}"
             value = f"__d{a}"
@@ -391,10 +410,21 @@ def _accumulators(shape: AggregateShape) -> tuple[list[dict[str, str]], dict[str
             contributions[f"__sl{a}"] = f"pmod({unscaled}, 2147483648) * {DIFF}"
             contributions[f"__sh{a}"] = f"(({unscaled} - pmod({unscaled}, 2147483648)) div 2147483648) * {DIFF}"
         elif call.input_type.startswith("DECIMAL"):
-            contributions[f"__s{a}"] = f"{x} * CAST({DIFF} AS DECIMAL(10,0))"
+            chunk_stages, digits = _decimal_chunks(x, a, *_decimal_scale(call.input_type))
+            _merge_stages(stages, chunk_stages)
+            for k, digit in enumerate(digits):
+                contributions[f"__dc{a}_{k}"] = f"{digit} * {DIFF}"
         else:  # integers: a BIGINT sum, overflowing (in ANSI mode, loudly) where Spark's does
             contributions[f"__s{a}"] = f"CAST({x} AS BIGINT) * {DIFF}"
     return stages, contributions
+
+
+def _merge_stages(stages: list[dict[str, str]], more: list[dict[str, str]]) -> None:
+    """Add `more`'s columns to `stages`, level by level (arguments' stages run side by side)."""
+    for level, columns in enumerate(more):
+        if level == len(stages):
+            stages.append({})
+        stages[level].update(columns)
 
 
 def _final(call: AggregateCall, values: Mapping[str, str], side: str) -> str:
@@ -419,9 +449,15 @@ def _final(call: AggregateCall, values: Mapping[str, str], side: str) -> str:
             f"WHEN {values[f'__ninf{a}']} > 0 THEN CAST('-Infinity' AS DOUBLE) "
             f"ELSE {_from_chunks({name: values[f'__{name}_{a}'] for name in _FLOAT_CHUNKS})} END"
         )
-    elif f"__sh{a}" in values:  # a DECIMAL's unscaled sum, in two BIGINTs
-        _, scale = _decimal_scale(call.input_type)
-        unscaled = f"CAST({values[f'__sh{a}']} AS DECIMAL(38,0)) * 2147483648 + {values[f'__sl{a}']}"
+    elif call.input_type.startswith("DECIMAL"):  # its unscaled sum, in BIGINT parts
+        precision, scale = _decimal_scale(call.input_type)
+        if f"__sh{a}" in values:
+            unscaled = f"CAST({values[f'__sh{a}']} AS DECIMAL(38,0)) * 2147483648 + {values[f'__sl{a}']}"
+        else:
+            unscaled = " + ".join(
+                f"CAST({values[f'__dc{a}_{k}']} AS DECIMAL(38,0)) * CAST({_DECIMAL_CHUNK**k} AS DECIMAL(38,0))"
+                for k in range(-(-precision // 9))
+            )
         total = f"CAST(CAST({unscaled} AS STRING) || 'E-{scale}' AS DECIMAL(38,{scale}))"
     else:
         total = values[f"__s{a}"]

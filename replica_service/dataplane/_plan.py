@@ -104,9 +104,6 @@ _JOIN_TYPES = {"Inner$", "Cross$"}
 _SUBQUERY_EXPRESSIONS = {"ScalarSubquery", "Exists", "ListQuery", "InSubquery", "LateralSubquery"}
 _INTEGRAL = {"TINYINT", "SMALLINT", "INT", "BIGINT"}
 _FLOATING = {"FLOAT", "DOUBLE"}
-MAX_DECIMAL_SUM_PRECISION = 27
-"""Sums of decimals up to this precision are kept exactly: multiplied by a diff, a value
-still fits Spark's 38 digits without a loss of scale."""
 
 
 def delta_plan(jsession: Any, analyzed: Any, imports: Mapping[str, str]) -> DeltaPlan:
@@ -371,11 +368,6 @@ def _call(aggregate: Any, arguments: list[Any]) -> AggregateCall:
         input_type = argument.dataType().sql()
         if not (input_type in _INTEGRAL or input_type in _FLOATING or _decimal_precision(input_type) is not None):
             raise NotIncremental(f"{text}: sums of {input_type} are not maintained incrementally")
-        precision = _decimal_precision(input_type)
-        if precision is not None and precision > MAX_DECIMAL_SUM_PRECISION:
-            raise NotIncremental(
-                f"{text}: a sum of {input_type} is kept exactly only up to precision {MAX_DECIMAL_SUM_PRECISION}"
-            )
         function_name = "sum" if name == "Sum" else "avg"
         return AggregateCall(function_name, _argument(argument, arguments), input_type, result_type)
     raise NotIncremental(f"the aggregate {function.prettyName()} ({text})")
