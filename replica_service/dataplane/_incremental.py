@@ -349,7 +349,7 @@ def _from_chunks(sums: Mapping[str, str]) -> str:
     return f"(({whole}) + ({fraction}))"
 
 
-def _decimal_scale(spark_type: str) -> tuple[int, int]:
+def _decimal_type(spark_type: str) -> tuple[int, int]:
     precision, scale = (int(p) for p in spark_type[len("DECIMAL(") : -1].split(","))
     return precision, scale
 
@@ -402,15 +402,15 @@ def _accumulators(shape: AggregateShape) -> tuple[list[dict[str, str]], dict[str
             contributions[f"__nan{a}"] = f"IF(isnan({value}), {DIFF}, 0)"
             contributions[f"__pinf{a}"] = f"IF({value} = CAST('Infinity' AS DOUBLE), {DIFF}, 0)"
             contributions[f"__ninf{a}"] = f"IF({value} = CAST('-Infinity' AS DOUBLE), {DIFF}, 0)"
-        elif call.input_type.startswith("DECIMAL") and _decimal_scale(call.input_type)[0] <= 18:
+        elif call.input_type.startswith("DECIMAL") and _decimal_type(call.input_type)[0] <= 18:
             # The unscaled value fits a BIGINT; cut in two (31 low bits, the rest) so
             # that their BIGINT sums cannot overflow.
-            _, scale = _decimal_scale(call.input_type)
+            _, scale = _decimal_type(call.input_type)
             unscaled = f"CAST({x} * {10**scale} AS BIGINT)"
             contributions[f"__sl{a}"] = f"pmod({unscaled}, 2147483648) * {DIFF}"
             contributions[f"__sh{a}"] = f"(({unscaled} - pmod({unscaled}, 2147483648)) div 2147483648) * {DIFF}"
         elif call.input_type.startswith("DECIMAL"):
-            chunk_stages, digits = _decimal_chunks(x, a, *_decimal_scale(call.input_type))
+            chunk_stages, digits = _decimal_chunks(x, a, *_decimal_type(call.input_type))
             _merge_stages(stages, chunk_stages)
             for k, digit in enumerate(digits):
                 contributions[f"__dc{a}_{k}"] = f"{digit} * {DIFF}"
@@ -450,7 +450,7 @@ def _final(call: AggregateCall, values: Mapping[str, str], side: str) -> str:
             f"ELSE {_from_chunks({name: values[f'__{name}_{a}'] for name in _FLOAT_CHUNKS})} END"
         )
     elif call.input_type.startswith("DECIMAL"):  # its unscaled sum, in BIGINT parts
-        precision, scale = _decimal_scale(call.input_type)
+        precision, scale = _decimal_type(call.input_type)
         if f"__sh{a}" in values:
             unscaled = f"CAST({values[f'__sh{a}']} AS DECIMAL(38,0)) * 2147483648 + {values[f'__sl{a}']}"
         else:
@@ -465,7 +465,7 @@ def _final(call: AggregateCall, values: Mapping[str, str], side: str) -> str:
         if floating:
             total = f"({total}) / {count}"
         elif call.input_type.startswith("DECIMAL"):
-            precision, scale = _decimal_scale(call.input_type)
+            precision, scale = _decimal_type(call.input_type)
             total = f"CAST({total} AS DECIMAL({min(38, precision + 10)},{scale})) / CAST({count} AS DECIMAL(20,0))"
         else:
             total = f"CAST({total} AS DOUBLE) / {count}"
