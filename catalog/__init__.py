@@ -21,6 +21,7 @@ from catalog._errors import (
     UpperMismatch,
 )
 from catalog._instances import (
+    DEFAULT_MAX_HOLD_BACK_MS,
     DEFAULT_MAX_LAG_MS,
     DEFAULT_MIN_IN_SYNC,
     DEFAULT_REPLICA_TIMEOUT_MS,
@@ -33,15 +34,18 @@ from catalog._records import (
     CollectionInfo,
     CollectionKind,
     DataflowInfo,
+    EventInfo,
     InstanceInfo,
     ManifestState,
     Namespace,
     NewBatch,
+    NewEvent,
     ReplicaInfo,
 )
-from catalog._recovery import dependency_order, sink_holder
+from catalog._recovery import dataflow_holder, dependency_order, sink_holder
 
 __all__ = [
+    "DEFAULT_MAX_HOLD_BACK_MS",
     "DEFAULT_MAX_LAG_MS",
     "DEFAULT_MIN_IN_SYNC",
     "DEFAULT_REPLICA_TIMEOUT_MS",
@@ -54,6 +58,7 @@ __all__ = [
     "CollectionInfo",
     "CollectionKind",
     "DataflowInfo",
+    "EventInfo",
     "FailedPrecondition",
     "Fenced",
     "InstanceInfo",
@@ -61,10 +66,12 @@ __all__ = [
     "ManifestState",
     "Namespace",
     "NewBatch",
+    "NewEvent",
     "NotFound",
     "ReplicaInfo",
     "UpperMismatch",
     "check_append_frontiers",
+    "dataflow_holder",
     "default_url",
     "dependency_order",
     "make_engine",

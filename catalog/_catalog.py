@@ -27,10 +27,11 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from catalog import _collections, _instances, _manifest, _recovery
+from catalog import _collections, _events, _instances, _manifest, _recovery
 from catalog._engine import default_url, make_engine, read_only, upgrade
-from catalog._errors import AlreadyExists, Fenced
+from catalog._errors import AlreadyExists, Fenced, InvalidArgument
 from catalog._instances import (
+    DEFAULT_MAX_HOLD_BACK_MS,
     DEFAULT_MAX_LAG_MS,
     DEFAULT_MIN_IN_SYNC,
     DEFAULT_REPLICA_TIMEOUT_MS,
@@ -41,9 +42,11 @@ from catalog._records import (
     BatchInfo,
     CollectionInfo,
     DataflowInfo,
+    EventInfo,
     InstanceInfo,
     ManifestState,
     NewBatch,
+    NewEvent,
     ReplicaInfo,
 )
 from history import ComputeCommand, ComputeParameters, Frontier, Import
@@ -208,6 +211,8 @@ class Catalog:
         min_in_sync: int = DEFAULT_MIN_IN_SYNC,
         max_lag_ms: int = DEFAULT_MAX_LAG_MS,
         replica_timeout_ms: int = DEFAULT_REPLICA_TIMEOUT_MS,
+        max_hold_back_ms: int = DEFAULT_MAX_HOLD_BACK_MS,
+        replace_slow: bool = False,
         parameters: ComputeParameters | None = None,
     ) -> InstanceInfo:
         """Record an instance. Its Spark configuration is `DETERMINISTIC_SPARK_CONF` with
@@ -220,6 +225,8 @@ class Catalog:
                 min_in_sync=min_in_sync,
                 max_lag_ms=max_lag_ms,
                 replica_timeout_ms=replica_timeout_ms,
+                max_hold_back_ms=max_hold_back_ms,
+                replace_slow=replace_slow,
                 parameters=parameters or ComputeParameters(),
             )
 
@@ -230,6 +237,8 @@ class Catalog:
         min_in_sync: int | None = None,
         max_lag_ms: int | None = None,
         replica_timeout_ms: int | None = None,
+        max_hold_back_ms: int | None = None,
+        replace_slow: bool | None = None,
         parameters: ComputeParameters | None = None,
     ) -> InstanceInfo:
         """Replace the options given; merge `parameters` into the recorded ones."""
@@ -240,6 +249,8 @@ class Catalog:
                 min_in_sync=min_in_sync,
                 max_lag_ms=max_lag_ms,
                 replica_timeout_ms=replica_timeout_ms,
+                max_hold_back_ms=max_hold_back_ms,
+                replace_slow=replace_slow,
                 parameters=parameters,
             )
 
@@ -367,13 +378,17 @@ class Catalog:
         and/or a materialized view named `name`. `name` must be free among the dataflows
         of `instance` and, for a materialized view, among all sources and views. Imports
         must be live and readable at `as_of`; indexes only from the same instance.
-        `strategy`: "incremental", or "recompute: <reason>"."""
+        `strategy`: "incremental", or "recompute: <reason>".
+
+        In the same transaction, the dataflow takes its read hold on each storage import
+        at `as_of` (`dataflow_holder`), so no compaction can pass `as_of` between the
+        record and the controller acting on it (DESIGN section 6: record, then act)."""
         conflict = (
             f"instance {instance!r} already has a dataflow named {name!r}, or a source or "
             f"materialized view named {name!r} already exists"
         )
         with self._write(conflict=conflict) as session:
-            return _collections.create_dataflow(
+            info = _collections.create_dataflow(
                 session,
                 instance,
                 name,
@@ -387,6 +402,36 @@ class Catalog:
                 compaction_window_ms=compaction_window_ms,
                 strategy=strategy,
             )
+            holder = _recovery.dataflow_holder(instance, info.export_ids[0])
+            for source in info.imports:
+                if source.kind == "storage":
+                    _manifest.acquire_read_hold(session, source.id, holder, as_of)
+            return info
+
+    def record_compute_frontiers(
+        self, sinces: Mapping[str, Frontier], holds: Sequence[tuple[str, str, Frontier]]
+    ) -> None:
+        """Record, in one transaction, compute sinces (`id -> since`; a materialized
+        view's is its dataflow's `sink_holder` hold) and storage read holds (`(id,
+        holder, frontier)`: moved forward, taken if absent, released when empty).
+
+        All or nothing: the controller writes the latest value of every since and hold
+        that moved as one cut of its state, in which an upstream index's since never
+        exceeds a dependent's, nor a dataflow's input hold its own since; so recovery
+        after a crash at any moment finds a consistent record. Values behind the
+        recorded ones are ignored, and so are dropped collections."""
+        with self._write() as session:
+            for id, since in sinces.items():
+                row = _collections.collection_row(session, id, live=False)
+                if row.dropped or since.is_empty:
+                    continue
+                if row.namespace == _collections.COMPUTE:
+                    _collections.record_frontiers(session, id, since=since, upper=None)
+                else:
+                    holder = _recovery.sink_holder(row.dataflow_id)
+                    _manifest.move_read_hold(session, id, holder, since)
+            for id, holder, frontier in holds:
+                _manifest.move_read_hold(session, id, holder, frontier)
 
     def drop_dataflow(self, id: str) -> None:
         """Drop a dataflow; its exports are marked dropped, a view's files retired.
@@ -458,6 +503,22 @@ class Catalog:
         """True iff a batch or a retired-file row names blob path `path`."""
         with self._read() as session:
             return _manifest.is_referenced(session, path)
+
+    # --- Events -------------------------------------------------------------------------
+
+    def record_events(self, events: Sequence[NewEvent]) -> None:
+        """Append `events` in order (fenced), dropping the oldest beyond the bound."""
+        if events:
+            with self._write() as session:
+                _events.record_events(session, events)
+
+    def list_events(self, instance: str | None = None, *, after: int | None = None, limit: int = 100) -> list[EventInfo]:
+        """Events oldest first, of `instance` or all: those recorded after id `after`,
+        or (`after` None) the latest `limit`."""
+        if limit <= 0:
+            raise InvalidArgument(f"limit must be positive, not {limit}")
+        with self._read() as session:
+            return _events.list_events(session, instance, after, limit)
 
     def retired_paths(self, retired_before_ms: int) -> list[str]:
         with self._read() as session:

@@ -59,6 +59,7 @@ instance's."""
 DEFAULT_MIN_IN_SYNC = 1
 DEFAULT_MAX_LAG_MS = 5_000
 DEFAULT_REPLICA_TIMEOUT_MS = 30_000
+DEFAULT_MAX_HOLD_BACK_MS = 300_000
 
 UNSET: Any = type("Unset", (), {"__repr__": lambda self: "UNSET"})()
 """Marks an `update_replica` argument that keeps its recorded value."""
@@ -73,6 +74,12 @@ def _parameters_to_db(parameters: object) -> dict[str, int]:
         if value is not None:
             result[field.name] = check_int(f"parameter {field.name}", value, minimum=1)
     return result
+
+
+def _check_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{name} must be true or false, not {value!r}")
+    return value
 
 
 def _instance_row(session: Session, name: str) -> Instance:
@@ -90,6 +97,8 @@ def create_instance(
     min_in_sync: int,
     max_lag_ms: int,
     replica_timeout_ms: int,
+    max_hold_back_ms: int,
+    replace_slow: bool,
     parameters: ComputeParameters,
 ) -> InstanceInfo:
     check_name("instance", name)
@@ -105,6 +114,8 @@ def create_instance(
         min_in_sync=check_int("min_in_sync", min_in_sync, minimum=1),
         max_lag_ms=check_int("max_lag_ms", max_lag_ms, minimum=0),
         replica_timeout_ms=check_int("replica_timeout_ms", replica_timeout_ms, minimum=1),
+        max_hold_back_ms=check_int("max_hold_back_ms", max_hold_back_ms, minimum=1),
+        replace_slow=_check_bool("replace_slow", replace_slow),
         parameters=_parameters_to_db(parameters),
     )
     if session.get(Instance, name) is not None:
@@ -121,6 +132,8 @@ def update_instance(
     min_in_sync: int | None,
     max_lag_ms: int | None,
     replica_timeout_ms: int | None,
+    max_hold_back_ms: int | None,
+    replace_slow: bool | None,
     parameters: ComputeParameters | None,
 ) -> InstanceInfo:
     """Options given replace the recorded ones; `parameters` is merged into the recorded
@@ -134,6 +147,10 @@ def update_instance(
         updates["replica_timeout_ms"] = check_int(
             "replica_timeout_ms", replica_timeout_ms, minimum=1
         )
+    if max_hold_back_ms is not None:
+        updates["max_hold_back_ms"] = check_int("max_hold_back_ms", max_hold_back_ms, minimum=1)
+    if replace_slow is not None:
+        updates["replace_slow"] = _check_bool("replace_slow", replace_slow)
     newer = None if parameters is None else _parameters_to_db(parameters)
     row = _instance_row(session, name)
     for key, value in updates.items():

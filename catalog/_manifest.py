@@ -195,6 +195,24 @@ def downgrade_read_hold(
     return _advance_since(session, row)
 
 
+def move_read_hold(session: Session, id: str, holder: str, frontier: Frontier) -> None:
+    """Bring `holder`'s hold on `id` to `frontier`: forward if it has one (a value behind
+    it is ignored), taken if not (at the since, if `frontier` is behind it: never a
+    refusal that would fail the batch it is part of), released when `frontier` is empty.
+    A dropped collection is left alone: its holds went with it."""
+    row = collection_row(session, id, live=False, lock=True)
+    if row.dropped:
+        return
+    hold = session.get(ReadHold, (id, holder))
+    if hold is None:
+        if not frontier.is_empty:
+            acquire_read_hold(session, id, holder, frontier.join(frontier_from_db(row.since)))
+    elif frontier.is_empty:
+        release_read_hold(session, id, holder)
+    elif frontier.time > hold.frontier:
+        downgrade_read_hold(session, id, holder, frontier)
+
+
 def release_read_hold(session: Session, id: str, holder: str) -> CollectionInfo:
     row = storage_row(session, id, lock=True)
     session.delete(_hold_row(session, id, holder))

@@ -118,6 +118,7 @@ class Instance(Base):
         CheckConstraint("min_in_sync >= 1", name="min_in_sync_positive"),
         CheckConstraint("max_lag_ms >= 0", name="max_lag_ms_non_negative"),
         CheckConstraint("replica_timeout_ms > 0", name="replica_timeout_ms_positive"),
+        CheckConstraint("max_hold_back_ms > 0", name="max_hold_back_ms_positive"),
     )
 
     name: Mapped[str] = mapped_column(primary_key=True)
@@ -125,6 +126,8 @@ class Instance(Base):
     min_in_sync: Mapped[int] = mapped_column(Integer)
     max_lag_ms: Mapped[int]
     replica_timeout_ms: Mapped[int]
+    max_hold_back_ms: Mapped[int]
+    replace_slow: Mapped[bool]
     parameters: Mapped[dict[str, Any]]
 
 
@@ -271,3 +274,22 @@ class RetiredBlob(Base):
 
     path: Mapped[str] = mapped_column(String(PATH_LENGTH), primary_key=True)
     retired_at_ms: Mapped[int]
+
+
+# --- Events ---------------------------------------------------------------------------
+
+
+class Event(Base):
+    """Something an operator should see happened to an instance: a replica failed or
+    came back, a dataflow failed, replicas disagreed, a controller took over. `replica`
+    is "" when none is concerned. Only the latest `EVENTS_RETAINED` rows are kept; an
+    instance's events outlive it (its drop is one of them)."""
+
+    __tablename__ = "events"
+
+    id: Mapped[int] = mapped_column(_SERIAL, primary_key=True, autoincrement=True)
+    at_ms: Mapped[int]
+    instance: Mapped[str] = mapped_column(index=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    replica: Mapped[str]
+    message: Mapped[str] = mapped_column(Text)

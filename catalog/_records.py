@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from catalog._models import Batch, Collection, Dataflow, Instance, Replica, frontier_from_db
+from catalog._models import Batch, Collection, Dataflow, Event, Instance, Replica, frontier_from_db
 from history import (
     ComputeParameters,
     DataflowDescription,
@@ -41,6 +41,8 @@ class InstanceInfo:
     min_in_sync: int
     max_lag_ms: int
     replica_timeout_ms: int
+    max_hold_back_ms: int
+    replace_slow: bool
     parameters: ComputeParameters
 
 
@@ -61,6 +63,30 @@ class ReplicaInfo:
 
     def conf(self) -> dict[str, str]:
         return dict(self.spark_conf)
+
+
+@dataclass(frozen=True, slots=True)
+class NewEvent:
+    """An event to record: `at_ms` is when it happened (the controller's clock);
+    `replica` is "" when none is concerned."""
+
+    at_ms: int
+    instance: str
+    kind: str
+    message: str
+    replica: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class EventInfo:
+    """A recorded event; `id`s increase in the order events were recorded."""
+
+    id: int
+    at_ms: int
+    instance: str
+    kind: str
+    replica: str
+    message: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +192,10 @@ def instance_info(row: Instance) -> InstanceInfo:
         min_in_sync=row.min_in_sync,
         max_lag_ms=row.max_lag_ms,
         replica_timeout_ms=row.replica_timeout_ms,
-        parameters=ComputeParameters(**row.parameters),
+        max_hold_back_ms=row.max_hold_back_ms,
+        replace_slow=row.replace_slow,
+        # A parameter no longer known (arrangement_max_versions, never read) is ignored.
+        parameters=ComputeParameters(**{k: v for k, v in row.parameters.items() if k in ComputeParameters.__dataclass_fields__}),
     )
 
 
@@ -225,3 +254,7 @@ def batch_info(row: Batch) -> BatchInfo:
         rows=row.rows,
         bytes=row.bytes,
     )
+
+
+def event_info(row: Event) -> EventInfo:
+    return EventInfo(id=row.id, at_ms=row.at_ms, instance=row.instance, kind=row.kind, replica=row.replica, message=row.message)

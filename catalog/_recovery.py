@@ -38,6 +38,13 @@ from history import (
 )
 
 
+def dataflow_holder(instance: str, key: str) -> str:
+    """The holder of the read hold a dataflow keeps on each storage collection it
+    imports; `key` is the dataflow's first export id (the instance's key for it). The
+    catalog takes the hold when it records the dataflow; the controller moves it."""
+    return f"{instance}/{key}"
+
+
 def sink_holder(dataflow_id: str) -> str:
     """The holder of the read hold a dataflow keeps on its materialized view, at the
     view's compute since (the controller moves it as that since advances)."""

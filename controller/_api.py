@@ -8,6 +8,7 @@ and never chooses a code itself.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal, Mapping, Protocol, Sequence
 
@@ -48,6 +49,7 @@ class CollectionView:
     name: str
     since: int | None
     write_frontier: int | None
+    wallclock_lag_ms: int | None = None  # now - W by the controller's clock; None once W is empty
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +57,8 @@ class DataflowStatusView:
     """A dataflow on one replica, as the replica last reported it: `error` once it failed
     (it stays failed); `last_step_ms` and `rows_changed` describe its latest step (rows
     inserted plus rows retracted); `steps` counts the versions it computed since it was
-    built there."""
+    built there. While it hydrates, `hydration_tasks_done` of `hydration_tasks_total`
+    are the Spark tasks of its first step's jobs so far (both 0 when not known)."""
 
     hydrated: bool
     error: str | None
@@ -63,6 +66,8 @@ class DataflowStatusView:
     last_step_ms: int
     rows_changed: int
     steps: int
+    hydration_tasks_done: int = 0
+    hydration_tasks_total: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +96,12 @@ class ReplicaView:
     last_failure: str | None = None
     # While it waits to connect again: when, in ms since the Unix epoch (controller clock).
     next_retry_ms: int | None = None
+    # Now minus its write frontier, at worst over the collections; None while not hydrated.
+    wallclock_lag_ms: int | None = None
+    # Why its answers are not trusted (its digest disagreed with a majority); None: trusted.
+    diverged: str | None = None
+    slow: bool = False  # a gray failure: it has lost every read race by a lot for a while
+    metrics_address: str | None = None  # host:port of the replica's own /metrics, when served
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +115,7 @@ class InstanceView:
     min_in_sync: int
     max_lag_ms: int
     replica_timeout_ms: int
+    max_hold_back_ms: int
     history_length: int
     history_reductions: int
     commands_pushed: int
@@ -111,6 +123,9 @@ class InstanceView:
     collections: tuple[CollectionView, ...]
     # Dataflows no replica can serve now, by name, and why (each replica's reason).
     unavailable_dataflows: Mapping[str, str] = field(default_factory=dict)
+    divergences: int = 0  # digest disagreements seen since this controller started
+    events: tuple[str, ...] = ()  # the latest events, oldest first ("<ms> <kind>: <what>")
+    replace_slow: bool = False  # a slow replica is rehydrated, not only reported
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +154,31 @@ class DataflowView:
 
 
 @dataclass(frozen=True, slots=True)
+class SubscribeBatch:
+    """Part of a feed: updates (the collection's columns, then `_time` and `_diff`; times
+    ascending) and the progress they bring it to: every update at a time at or before
+    it has been delivered, so the feed consolidated through it is the collection then
+    (None: more updates of the same time follow). A batch may hold no updates:
+    progress alone, when the client asked for it."""
+
+    updates: pa.Table
+    progress: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class EventView:
+    """A recorded event (see `ControllerApi.events`); `replica` is "" when none is
+    concerned. Ids increase in the order events were recorded."""
+
+    id: int
+    at_ms: int
+    instance: str
+    kind: str
+    replica: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
 class ReadResult:
     """The rows of a peek or query, the time they are correct at, and the replica that
     answered first.
@@ -153,6 +193,15 @@ class ReadResult:
     @property
     def rows(self) -> pa.Table:
         return ipc_to_table(self.arrow_ipc)
+
+
+class Feed(Protocol):
+    """An open subscription: its batches in order; `close` ends it and releases what
+    it holds."""
+
+    def __aiter__(self) -> AsyncIterator[SubscribeBatch]: ...
+
+    async def close(self) -> None: ...
 
 
 class ControllerApi(Protocol):
@@ -170,6 +219,8 @@ class ControllerApi(Protocol):
         max_lag_ms: int | None = None,
         replica_timeout_ms: int | None = None,
         spark_conf: Mapping[str, str] | None = None,
+        max_hold_back_ms: int | None = None,
+        replace_slow: bool | None = None,
     ) -> InstanceView: ...
 
     async def drop_instance(self, name: str) -> None: ...
@@ -265,3 +316,21 @@ class ControllerApi(Protocol):
     ) -> ReadResult: ...
 
     async def status(self, instance: str | None = None) -> list[InstanceView]: ...
+
+    async def subscribe(
+        self,
+        instance: str | None,
+        name: str,
+        *,
+        as_of: int | None = None,
+        up_to: int | None = None,
+        snapshot: bool = True,
+        progress: bool = False,
+    ) -> Feed:
+        """The open feed of `name` (see `SubscribeBatch`); the caller closes it."""
+        ...
+
+    async def events(self, instance: str | None = None, *, after: int | None = None, limit: int = 100) -> list[EventView]:
+        """Events oldest first, of `instance` or of all: those after id `after`, or the
+        latest `limit`. NOT_FOUND for an instance that neither exists nor left events."""
+        ...

@@ -21,6 +21,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, wait_exponential
 
 from history import ComputeCommand, ComputeResponse, Hello, Resume
 from protocol import HelloAck, ProtocolError, Refusal, command_to_proto, compute_pb2_grpc, response_from_proto
+from protocol.security import ServerSecurity
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ class ReplicaConnection:
     on_connected: Callable[[str, HelloAck], None]  # (this connection's nonce, the answer)
     on_response: Callable[[ComputeResponse], None]
     on_failure: Callable[[str], None]
+    security: ServerSecurity = ServerSecurity()  # TLS and the token towards replicas
     commands: asyncio.Queue[ComputeCommand] = field(default_factory=asyncio.Queue)
     nonce: str = field(default_factory=lambda: uuid.uuid4().hex)
     task: asyncio.Task | None = None
@@ -77,9 +79,9 @@ class ReplicaConnection:
                     except Exception as e:  # e.g. a respawned process exited before it was ready
                         log.warning("replica %s (epoch %d): no address yet: %s", self.replica, self.epoch, e)
                         raise ConnectFailed(str(e)) from None
-                    channel = grpc.aio.insecure_channel(
+                    channel = self.security.channel(
                         address,
-                        options=[
+                        [
                             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                         ],
@@ -89,7 +91,7 @@ class ReplicaConnection:
                     except (asyncio.TimeoutError, grpc.aio.AioRpcError) as e:
                         await channel.close()
                         raise ConnectFailed(f"{address}: {e!r}") from None
-            call = compute_pb2_grpc.ComputeReplicaStub(channel).CommandStream()
+            call = compute_pb2_grpc.ComputeReplicaStub(channel).CommandStream(metadata=self.security.metadata)
             await call.write(command_to_proto(Hello(self.controller_epoch, self.nonce, self.resume)))
             answer = await self._handshake(call)
             if isinstance(answer, str):

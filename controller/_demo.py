@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from controller import _progress
 from controller._api import ReplicaView
 from controller._process import ControllerProcess, PeekLoop, embedded_controller, wait_until
 from controller.cli import _status
@@ -239,7 +240,8 @@ def _rejoined(now: ReplicaView | None, before: ReplicaView) -> ReplicaView | Non
 
 def _wait(predicate: Callable[[], T], what: str) -> T:
     try:
-        return wait_until(predicate, WAIT_S, what)
+        with _progress.spinner(f"waiting for {what}"):
+            return wait_until(predicate, WAIT_S, what)
     except TimeoutError as error:
         raise DemoFailed(str(error)) from None
 

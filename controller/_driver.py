@@ -6,7 +6,9 @@ effects it returned, in order. A step runs at once, in the task or callback that
 for it: steps and effects never await, and no effect calls back into the driver, so
 steps on the one event loop never interleave (a reentrant step is refused). Effects that
 need the catalog (durable holds and sinces) run on one worker thread, off the loop,
-coalesced to the latest value per hold or since.
+coalesced to the latest value per hold or since, and written as one transaction per
+batch; the batch's sinces are then reported back together (`sinces_recorded`), which lets the
+replicas compact.
 """
 
 from __future__ import annotations
@@ -15,26 +17,31 @@ import asyncio
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
+from catalog import Fenced
 from controller._api import ControllerError
 from controller._connection import ReplicaConnection
 from controller._instance import (
+    Arbitrate,
     ComputeInstance,
     Connect,
     Disconnect,
     Effect,
+    Event,
     InstanceError,
     PeekDone,
     Send,
     SinceAdvanced,
     StorageHold,
 )
-from history import ComputeResponse, PeekResult
+from history import ComputeResponse, DataflowDescription, PeekResult, StatusResponse
+from protocol.security import ServerSecurity
 
 log = logging.getLogger(__name__)
 
 TICK_S = 0.25
+RECORD_RETRY_S = 1.0  # after a failed write of holds and sinces
 
 Step = Callable[[ComputeInstance], Any]
 
@@ -52,13 +59,24 @@ class InstanceDriver:
         instance: ComputeInstance,
         controller_epoch: int,
         resolve_address: Callable[[str, int], Awaitable[str]],
-        durable: Callable[[Effect], None],
+        durable: Callable[[Sequence[StorageHold | SinceAdvanced]], None],
+        on_fenced: Callable[[Fenced], None] = lambda error: None,
+        security: ServerSecurity = ServerSecurity(),
+        recompute: Callable[[DataflowDescription, int], Awaitable[str]] | None = None,
+        on_status: Callable[[str, ComputeResponse], None] = lambda replica, response: None,
+        record_events: Callable[[Sequence[Event]], None] = lambda events: None,
     ) -> None:
         self.instance = instance
         self.controller_epoch = controller_epoch
         # (replica, attempt) -> address; attempts count on across failed incarnations.
         self._resolve_address = resolve_address
-        self._durable = durable  # records a StorageHold or SinceAdvanced (blocking)
+        self._durable = durable  # records StorageHolds and SinceAdvanceds, atomically (blocking)
+        self._on_fenced = on_fenced
+        self._security = security  # how replicas are reached: TLS, token
+        # (dataflow, time) -> the digest of its version recomputed from storage.
+        self._recompute = recompute
+        self._arbitrating: set[asyncio.Task] = set()
+        self._on_status = on_status  # sees every replica's status report (metrics)
         self._durable_pool = ThreadPoolExecutor(1, thread_name_prefix=f"durable-{instance.config.name}")
         # Holds and sinces only move forward, so only the latest per (kind, id, holder)
         # needs writing: the backlog is bounded by the number of keys, however fast
@@ -69,6 +87,14 @@ class InstanceDriver:
         self.peek_waiters: dict[str, asyncio.Future[tuple[PeekResult, str | None]]] = {}
         self._stepping = False
         self._tasks: list[asyncio.Task] = []
+        # Serializes the requests that check the instance, write the catalog, then change
+        # the instance (creating and dropping dataflows, dropping replicas): a check must
+        # still hold when its change lands.
+        self.ddl = asyncio.Lock()
+        self._events_logged = 0  # of the instance's `events_total`
+        self._record_events = record_events  # appends to the catalog's events (blocking)
+        self._events_pending: list[Event] = []
+        self._events_flush: asyncio.Task | None = None
 
     @property
     def name(self) -> str:
@@ -79,7 +105,7 @@ class InstanceDriver:
         self._tasks = [loop.create_task(self._tick())]
 
     async def stop(self) -> None:
-        for task in [*self._tasks, *filter(None, [self._durable_flush])]:
+        for task in [*self._tasks, *self._arbitrating, *filter(None, [self._durable_flush, self._events_flush])]:
             task.cancel()
         for connection in self.connections.values():
             connection.close()
@@ -112,6 +138,7 @@ class InstanceDriver:
             result = step(self.instance)
             effects, value = result if isinstance(result, tuple) else (result, None)
             self._apply(effects or [])
+            self._log_events()
             return value
         except InstanceError as e:
             raise ControllerError(e.code, str(e)) from None
@@ -120,6 +147,34 @@ class InstanceDriver:
             raise
         finally:
             self._stepping = False
+
+    def _log_events(self) -> None:
+        """Log the instance's new events and queue them for the catalog."""
+        events = self.instance.events
+        new = list(events)[len(events) - min(self.instance.events_total - self._events_logged, len(events)) :]
+        self._events_logged = self.instance.events_total
+        if not new:
+            return
+        for event in new:
+            log.warning("instance %s: %s", self.name, event.message)
+        self._events_pending += new
+        if self._events_flush is None or self._events_flush.done():
+            self._events_flush = asyncio.get_running_loop().create_task(self._flush_events())
+
+    async def _flush_events(self) -> None:
+        """Record queued events in order, a batch per write, retrying a failed one.
+        They share the serial worker with holds and sinces, so the loop never blocks."""
+        loop = asyncio.get_running_loop()
+        while self._events_pending:
+            batch, self._events_pending = self._events_pending, []
+            try:
+                await loop.run_in_executor(self._durable_pool, self._record_events, batch)
+            except Fenced:
+                return  # the holds' writer reports it; a fenced controller records nothing
+            except Exception as e:
+                log.error("instance %s: recording %d events failed (retrying): %s", self.name, len(batch), e)
+                self._events_pending = batch + self._events_pending
+                await asyncio.sleep(RECORD_RETRY_S)
 
     async def _tick(self) -> None:
         while True:
@@ -153,11 +208,17 @@ class InstanceDriver:
             on_connected=lambda nonce, ack: self.post(
                 lambda instance: instance.replica_connected(name, epoch, nonce, ack.resumed, ack.applied)
             ),
-            on_response=lambda response: self.post(_response_step(name, epoch, response)),
+            on_response=lambda response: self._response(name, epoch, response),
             on_failure=lambda reason: self.post(lambda instance: instance.replica_failed(name, epoch, reason)),
+            security=self._security,
         )
         self.connections[name] = connection
         connection.start()
+
+    def _response(self, name: str, epoch: int, response: ComputeResponse) -> None:
+        if isinstance(response, StatusResponse):
+            self._on_status(name, response)
+        self.post(_response_step(name, epoch, response))
 
     def _disconnect(self, effect: Disconnect) -> None:
         connection = self.connections.get(effect.replica)
@@ -170,20 +231,56 @@ class InstanceDriver:
         if waiter is not None and not waiter.done():
             waiter.set_result((effect.result, effect.replica))
 
+    def _arbitrate(self, effect: Arbitrate) -> None:
+        """Recompute the disputed version off the loop; report its digest (or why not)."""
+        desc = self.instance.dataflows[effect.key].desc
+
+        async def settle() -> None:
+            digest, why = None, "this controller has no way to recompute"
+            if self._recompute is not None:
+                try:
+                    digest = await self._recompute(desc, effect.time)
+                except Exception as e:
+                    why = getattr(e, "message", None) or str(e) or type(e).__name__
+            self.post(lambda instance: instance.arbitrated(effect.key, effect.time, digest, why))
+
+        task = asyncio.get_running_loop().create_task(settle())
+        self._arbitrating.add(task)
+        task.add_done_callback(self._arbitrating.discard)
+
     def _record(self, effect: StorageHold | SinceAdvanced) -> None:
         self._durable_pending[(type(effect), effect.id, getattr(effect, "holder", ""))] = effect
         if self._durable_flush is None or self._durable_flush.done():
             self._durable_flush = asyncio.get_running_loop().create_task(self._flush_durable())
 
+    @property
+    def durable_backlog(self) -> int:
+        """Sinces and holds waiting for their batch to be written."""
+        return len(self._durable_pending)
+
     async def _flush_durable(self) -> None:
+        """Write what is pending as one batch, until nothing is. The batch is the latest
+        value of every key that moved, taken between steps: one consistent cut of the
+        instance's frontiers. A failed write is retried (values that moved meanwhile
+        supersede its own); a fenced one stops recording for good."""
         loop = asyncio.get_running_loop()
         while self._durable_pending:
-            batch, self._durable_pending = list(self._durable_pending.values()), {}
-            for effect in batch:
-                try:
-                    await loop.run_in_executor(self._durable_pool, self._durable, effect)
-                except Exception as e:  # logged; the next value for this key supersedes it
-                    log.error("instance %s: recording %s failed: %s", self.name, effect, e)
+            pending, self._durable_pending = self._durable_pending, {}
+            batch = list(pending.values())
+            try:
+                await loop.run_in_executor(self._durable_pool, self._durable, batch)
+            except Fenced as fenced:
+                log.critical("instance %s: fenced, no longer recording frontiers: %s", self.name, fenced)
+                self._on_fenced(fenced)
+                return
+            except Exception as e:
+                log.error("instance %s: recording %d holds and sinces failed (retrying): %s", self.name, len(batch), e)
+                self._durable_pending = {**pending, **self._durable_pending}
+                await asyncio.sleep(RECORD_RETRY_S)
+                continue
+            recorded = {e.id: e.since for e in batch if isinstance(e, SinceAdvanced)}
+            if recorded:
+                self.post(lambda instance: instance.sinces_recorded(recorded))
 
 
 def _response_step(name: str, epoch: int, response: ComputeResponse) -> Step:
@@ -197,4 +294,5 @@ _EFFECTS: dict[type, Callable[[InstanceDriver, Any], None]] = {
     PeekDone: InstanceDriver._peek_done,
     StorageHold: InstanceDriver._record,
     SinceAdvanced: InstanceDriver._record,
+    Arbitrate: InstanceDriver._arbitrate,
 }

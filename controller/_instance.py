@@ -16,8 +16,11 @@ Rules (DESIGN section 6):
   once every active replica has answered it with an error (or reported its dataflow
   failed), or no active replica is left, and then together, naming each replica.
 - `W(c)` is the max of the replicas' write frontiers; a report below the known value is
-  ignored. `since(c)` is the min of the holds on c and only advances; when it does,
-  `AllowCompaction{c, since}` is sent and c's holds on its inputs follow.
+  ignored. `since(c)` is the min of the holds on c and only advances; when it does, it
+  is recorded (`SinceAdvanced`) and c's holds on its inputs follow; once the driver
+  reports it durable (`sinces_recorded`), `AllowCompaction{c, since}` is sent. Record
+  first, then act: a controller restarted after a crash rebuilds each dataflow at its
+  recorded since, which replicas must still be able to serve.
 - A replica is hydrated for c once `w_r(c) > as_of(c)`, in sync when active, free of
   replica-wide errors, and for every dataflow: not reported failed, hydrated, and within
   `max_lag_ms` of `W`. A dataflow that no replica serves (failed or unhydrated on each)
@@ -32,10 +35,11 @@ Rules (DESIGN section 6):
 
 from __future__ import annotations
 
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Collection, Iterable, Literal, Mapping, Union
 
-from catalog import DEFAULT_MAX_LAG_MS, DEFAULT_MIN_IN_SYNC, DEFAULT_REPLICA_TIMEOUT_MS
+from catalog import DEFAULT_MAX_HOLD_BACK_MS, DEFAULT_MAX_LAG_MS, DEFAULT_MIN_IN_SYNC, DEFAULT_REPLICA_TIMEOUT_MS, dataflow_holder
 from history import (
     AllowCompaction,
     CancelPeek,
@@ -122,13 +126,23 @@ class StorageHold:
 @dataclass(frozen=True, slots=True)
 class SinceAdvanced:
     """Compute collection `id` may no longer be read before `since`: record it, so that
-    recovery rebuilds the dataflow with that `as_of`."""
+    recovery rebuilds the dataflow with that `as_of`, then report it with
+    `ComputeInstance.sinces_recorded` (replicas may compact only then)."""
 
     id: str
     since: Frontier
 
 
-Effect = Union[Send, Connect, Disconnect, PeekDone, StorageHold, SinceAdvanced]
+@dataclass(frozen=True, slots=True)
+class Arbitrate:
+    """Replicas disagree on dataflow `key`'s version at `time` with no majority:
+    recompute it from storage and report its digest with `ComputeInstance.arbitrated`."""
+
+    key: str
+    time: int
+
+
+Effect = Union[Send, Connect, Disconnect, PeekDone, StorageHold, SinceAdvanced, Arbitrate]
 
 
 class InstanceError(Exception):
@@ -140,6 +154,9 @@ class InstanceError(Exception):
 
 
 # --- State ----------------------------------------------------------------------------
+
+DIGEST_TIMES_KEPT = 16  # per dataflow: the version times whose digests are compared
+EVENTS_KEPT = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +173,15 @@ class InstanceOptions:
     retry_base_ms: int = 500
     retry_max_ms: int = 30_000
     stable_ms: int = 60_000
+    # A replica further than this behind W on any collection (or that has not reported
+    # one for this long past its as_of) no longer holds compaction back: its session
+    # is given up and it is rehydrated at the current sinces.
+    max_hold_back_ms: int = DEFAULT_MAX_HOLD_BACK_MS
+    # Gray failure: a replica that loses every peek race by more than `slow_after_ms`
+    # for `slow_period_ms` is reported slow; with `replace_slow`, it is rehydrated.
+    slow_after_ms: int = 1_000
+    slow_period_ms: int = 10_000
+    replace_slow: bool = False
 
     def retry_delay_ms(self, failures: int) -> int:
         """How long a replica that failed `failures` times in a row waits before its next
@@ -204,7 +230,7 @@ class ReplicaState:
     session starts or the resume offer is withdrawn. Lifecycle of `as_ofs`:
     the `as_of` each collection was built from in the current session, filled when its
     `CreateDataflow` is sent (in the replay, a resume's suffix, or live), reset when a new
-    session starts. `session` outlives a failure, so that the next incarnation can offer
+    session starts (`given_ms`: when). `session` outlives a failure, so that the next incarnation can offer
     to resume it; it is forgotten when a resume is refused or cannot be served.
     """
 
@@ -213,6 +239,8 @@ class ReplicaState:
     phase: ReplicaPhase = "connecting"
     frontiers: dict[str, Frontier] = field(default_factory=dict)
     as_ofs: dict[str, Frontier] = field(default_factory=dict)
+    given_ms: dict[str, int] = field(default_factory=dict)  # when each as_of was sent
+    hydration_ms: dict[str, int] = field(default_factory=dict)  # from given_ms to hydrated
     last_heard_ms: int = 0
     peeks_won: int = 0
     failures: int = 0
@@ -223,6 +251,12 @@ class ReplicaState:
     status: StatusResponse | None = None
     dataflow_status: dict[str, DataflowStatus] = field(default_factory=dict)
     session: Session | None = None
+    # Why its answers are not trusted (its digest disagreed with a majority); None once
+    # it agrees again. A diverged replica answers no read and is not in sync.
+    diverged: str | None = None
+    losing_since_ms: int | None = None  # since when it lost every peek race by a lot
+    reported_slow: bool = False  # a `slow` event was recorded for the current stretch
+    reconciled: tuple[int, int, int] = (0, 0, 0)  # (pid, kept, built) last reported
     resumes: int = 0  # incarnations brought up near-horizon (just the missed suffix)
     replays: int = 0  # incarnations brought up far-horizon (the reduced history)
 
@@ -233,7 +267,7 @@ class CollectionState:
 
     Lifecycle of `holds`: `implied` from creation until the dataflow is dropped;
     `peek:<uuid>` while a peek is pending; `dataflow:<id>` while a dependent dataflow
-    lives. The collection leaves the instance once its since is empty.
+    lives; `reserve:<token>` while a dependent is being recorded (`reserve`). The collection leaves the instance once its since is empty.
     """
 
     id: str
@@ -243,6 +277,8 @@ class CollectionState:
     write_frontier: Frontier  # W: the max over replicas
     since: Frontier
     holds: dict[str, Frontier] = field(default_factory=dict)
+    # What replicas were told they may compact to: the since, once it is recorded.
+    compaction_allowed: Frontier = field(default_factory=Frontier.minimum)
 
 
 @dataclass(slots=True)
@@ -270,6 +306,20 @@ class PendingPeek:
 
 
 @dataclass(frozen=True, slots=True)
+class Event:
+    """Something an operator should see, at `at_ms` on the instance's clock. Kinds:
+    `replica_failed`, `rehydrating` (a new session replays the history), `resumed`,
+    `hydrated` (a replica computed a dataflow past its as_of), `reconciled` (a replica
+    kept or rebuilt dataflows it had), `slow`, `dataflow_failed`, `diverged`, `agreed`
+    (a diverged replica agrees again) and `arbitration` (settling a tie by recompute)."""
+
+    at_ms: int
+    kind: str
+    message: str
+    replica: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class ReplicaHealth:
     """One replica's health (see `ComputeInstance.health`)."""
 
@@ -281,6 +331,8 @@ class ReplicaHealth:
     in_sync_where_served: bool  # the same, but only for dataflows some replica serves
     lag_ms: int | None  # None: not hydrated somewhere, so the lag is unbounded
     peeks_won: int
+    wallclock_lag_ms: int | None = None  # now - its write frontier, at worst; None as lag_ms
+    slow: bool = False  # a gray failure: see `ComputeInstance._slow`
 
 
 # --- The instance ---------------------------------------------------------------------
@@ -292,7 +344,9 @@ class ComputeInstance:
     Every public method returns the list of effects to carry out, in order.
     """
 
-    def __init__(self, config: InstanceConfig, options: InstanceOptions = InstanceOptions(), parameters: ComputeParameters | None = None) -> None:
+    def __init__(
+        self, config: InstanceConfig, options: InstanceOptions = InstanceOptions(), parameters: ComputeParameters | None = None, now_ms: int = 0
+    ) -> None:
         self.config = config
         self.options = options
         self.history = CommandHistory(recent=options.resume_window)
@@ -305,7 +359,15 @@ class ComputeInstance:
         self.names: dict[str, str] = {}
         self.peeks: dict[str, PendingPeek] = {}
         self.late_peek_responses = 0
-        self.now_ms = 0
+        # The clock starts where the driver is: a replica added before the first tick
+        # would otherwise look silent since 1970 and fail at that tick.
+        self.now_ms = now_ms
+        # Dataflow key -> version time -> replica -> its digest (the latest few times).
+        self.digests: dict[str, dict[int, dict[str, str]]] = {}
+        self.divergences = 0
+        self.arbitrations: set[tuple[str, int]] = set()  # (dataflow key, time) being recomputed
+        self.events: deque[Event] = deque(maxlen=EVENTS_KEPT)
+        self.events_total = 0
         self.history.push(CreateInstance(config))
         if parameters is not None:
             self.history.push(UpdateConfiguration(parameters))
@@ -369,7 +431,8 @@ class ComputeInstance:
         # other replicas whose resumes are in flight.
         replay = reduce_commands(self.history.commands)
         replica.session = Session(nonce, self.history.position, len(replay))
-        replica.as_ofs = {}
+        replica.as_ofs, replica.given_ms, replica.hydration_ms = {}, {}, {}
+        self._event("rehydrating", f"replica {name} (incarnation {epoch}) starts a new session: replaying {len(replay)} commands", replica=name)
         self._note_as_ofs(replica, replay)
         # The old session's frontiers held its inputs for a resume that did not come.
         # (The new session holds them at its as_ofs until it reports.)
@@ -399,14 +462,19 @@ class ComputeInstance:
         session.replay_position, session.replay_length = position, applied + len(resent)
         self._note_as_ofs(replica, suffix)
         commands = (*resent, *suffix)
+        self._event(
+            "resumed",
+            f"replica {replica.name} (incarnation {replica.epoch}) resumed its session after {applied} commands; {len(commands)} sent",
+            replica=replica.name,
+        )
         return [Send(replica.name, replica.epoch, commands)] if commands else []
 
-    @staticmethod
-    def _note_as_ofs(replica: ReplicaState, commands: Iterable[ComputeCommand]) -> None:
+    def _note_as_ofs(self, replica: ReplicaState, commands: Iterable[ComputeCommand]) -> None:
         for command in commands:
             if isinstance(command, CreateDataflow):
                 for id in command.desc.export_ids:
                     replica.as_ofs[id] = command.desc.as_of
+                    replica.given_ms[id] = self.now_ms
 
     def replica_failed(self, name: str, epoch: int, reason: str) -> list[Effect]:
         """A broken stream, a refused send or `Hello`, or silence: rehydrate the replica
@@ -425,8 +493,13 @@ class ComputeInstance:
         replica.failures += 1
         replica.consecutive_failures += 1
         replica.retry_at_ms = self.now_ms + self.options.retry_delay_ms(replica.consecutive_failures)
-        replica.active_since_ms = None
+        replica.active_since_ms = replica.losing_since_ms = None
         replica.last_failure = reason
+        self._event(
+            "replica_failed",
+            f"replica {name} (incarnation {epoch}) failed: {reason}; next attempt in {replica.retry_at_ms - self.now_ms} ms",
+            replica=name,
+        )
         if replica.session is None:
             replica.frontiers.clear()
         elif replica.phase == "active":
@@ -455,11 +528,122 @@ class ComputeInstance:
             return self._frontiers(replica, response)
         if isinstance(response, PeekResponse):
             return self._peek_response(replica, response)
+        self._note_status(replica, response)
         replica.status = response
         replica.dataflow_status = {d.id: d for d in response.dataflows}
+        effects: list[Effect] = []
+        for status in response.dataflows:
+            if status.digest_time is not None and status.digest and status.id in self.dataflows:
+                effects += self._compare_digests(replica, status.id, status.digest_time, status.digest)
         # A dataflow reported failed answers no read: peeks that waited for this replica
         # may now be answered by errors.
-        return self._answer_failed_peeks() if any(d.error is not None for d in response.dataflows) else []
+        if any(d.error is not None for d in response.dataflows):
+            effects += self._answer_failed_peeks()
+        return effects
+
+    def _note_status(self, replica: ReplicaState, response: StatusResponse) -> None:
+        """Events for what a status report shows changed: dataflows kept or rebuilt by
+        reconciliation (its process's counters; a new process starts from zero), and
+        dataflows that failed."""
+        pid, kept, built = replica.reconciled
+        new_process = response.pid != pid
+        if new_process:
+            kept = built = 0
+        if response.dataflows_kept > kept or response.dataflows_built > built:
+            what = f"replica {replica.name} kept {response.dataflows_kept - kept} and built {response.dataflows_built - built} dataflows"
+            self._event("reconciled", what + (" since its process started" if new_process else ""), replica=replica.name)
+        replica.reconciled = (response.pid, response.dataflows_kept, response.dataflows_built)
+        for status in response.dataflows:
+            before = replica.dataflow_status.get(status.id)
+            if status.error is not None and status.id in self.dataflows and (before is None or before.error != status.error):
+                name = self.dataflows[status.id].desc.name
+                self._event("dataflow_failed", f"dataflow {name} failed on replica {replica.name}: {status.error}", replica=replica.name)
+
+    def _compare_digests(self, replica: ReplicaState, key: str, time: int, digest: str) -> list[Effect]:
+        """Record `replica`'s digest of dataflow `key`'s version at `time` and compare it
+        with the other replicas' for that time. Where they differ and a strict majority
+        agrees, each replica outside it has diverged: it answers no read from then on
+        and is rehydrated (a new session), until it agrees with the others again.
+        Without a majority (two replicas), once every active replica has reported that
+        time, the version is recomputed from storage (`Arbitrate`) to decide."""
+        versions = self.digests.setdefault(key, {})
+        reports = versions.setdefault(time, {})
+        if reports.get(replica.name) == digest:
+            return []
+        reports[replica.name] = digest
+        while len(versions) > DIGEST_TIMES_KEPT:
+            del versions[min(versions)]
+        reports = {name: d for name, d in reports.items() if name in self.replicas}
+        name = self.dataflows[key].desc.name
+        if len(reports) < 2:
+            return []
+        majority, votes = Counter(reports.values()).most_common(1)[0]
+        if len(set(reports.values())) == 1:
+            for agreeing in sorted(reports):
+                if self.replicas[agreeing].diverged is not None:
+                    self.replicas[agreeing].diverged = None
+                    self._event("agreed", f"replica {agreeing} agrees with the others again on dataflow {name} at {time}", replica=agreeing)
+            return []
+        if votes * 2 <= len(reports):
+            if len(reports) < sum(r.phase == "active" for r in self.replicas.values()):
+                return []  # another replica's report may yet make a majority
+            if (key, time) in self.arbitrations:
+                return []
+            self.arbitrations.add((key, time))
+            self._event(
+                "arbitration",
+                f"replicas disagree on dataflow {name} at {time} with no majority: {dict(sorted(reports.items()))}; "
+                "recomputing that version from storage",
+                divergence=True,
+            )
+            return [Arbitrate(key, time)]
+        return self._distrust(key, time, majority, f"{votes} of {len(reports)} replicas have {majority}")
+
+    def arbitrated(self, key: str, time: int, digest: str | None, why: str = "") -> list[Effect]:
+        """The digest of a fresh recompute of dataflow `key`'s version at `time` from
+        storage (an `Arbitrate`), or None and `why` it could not be made: a replica
+        that reported another digest for that time is distrusted, as a minority is."""
+        self.arbitrations.discard((key, time))
+        dataflow = self.dataflows.get(key)
+        if dataflow is None:
+            return []
+        if digest is None:
+            self._event("arbitration", f"could not recompute dataflow {dataflow.desc.name} at {time} to settle a disagreement: {why}")
+            return []
+        reports = {n: d for n, d in self.digests.get(key, {}).get(time, {}).items() if n in self.replicas}
+        if digest not in reports.values():
+            self._event("arbitration", f"no replica matches a fresh recompute of dataflow {dataflow.desc.name} at {time} ({digest})")
+        # The disagreement was counted when it was found.
+        return self._distrust(key, time, digest, f"a fresh recompute from storage has {digest}", counted=True)
+
+    def _distrust(self, key: str, time: int, right: str, because: str, *, counted: bool = False) -> list[Effect]:
+        """Every replica whose digest of `key` at `time` is not `right` has diverged: it
+        answers no read and is rehydrated (a new session computes everything again).
+        Each is counted as a divergence unless `counted` already."""
+        name = self.dataflows[key].desc.name
+        effects: list[Effect] = []
+        for dissenter, theirs in sorted(self.digests.get(key, {}).get(time, {}).items()):
+            other = self.replicas.get(dissenter)
+            if other is None or theirs == right or other.diverged is not None:
+                continue
+            other.diverged = f"dataflow {name} at {time}: digest {theirs}, {because}"
+            self._event("diverged", f"replica {dissenter} diverged on {other.diverged}; rehydrating it", replica=dissenter, divergence=not counted)
+            if other.phase == "active":
+                other.session = None
+                effects += self.replica_failed(dissenter, other.epoch, f"diverged on {other.diverged}")
+        return effects
+
+    def note(self, kind: str, message: str, replica: str = "") -> list[Effect]:
+        """Record an event seen outside the instance (a replica added or dropped, a
+        controller taking over), in order with the instance's own."""
+        self._event(kind, message, replica=replica)
+        return []
+
+    def _event(self, kind: str, message: str, *, replica: str = "", divergence: bool = False) -> None:
+        """Note something an operator should see (status; the driver logs and records it)."""
+        self.divergences += divergence
+        self.events.append(Event(self.now_ms, kind, message, replica))
+        self.events_total += 1
 
     def _frontiers(self, replica: ReplicaState, response: FrontiersResponse) -> list[Effect]:
         collection = self.collections.get(response.id)
@@ -470,6 +654,13 @@ class ComputeInstance:
             return []  # a regression (or a repeat) is ignored
         replica.frontiers[response.id] = response.write_frontier
         collection.write_frontier = collection.write_frontier.join(response.write_frontier)
+        given = replica.given_ms.get(response.id)
+        if given is not None and response.id not in replica.hydration_ms and self.hydrated(replica, response.id):
+            replica.hydration_ms[response.id] = self.now_ms - given
+            dataflow = self.dataflows.get(collection.dataflow)
+            if dataflow is not None and response.id == collection.dataflow:  # once per dataflow, not per export
+                what = f"replica {replica.name} hydrated dataflow {dataflow.desc.name} in {self.now_ms - given} ms"
+                self._event("hydrated", what, replica=replica.name)
         # W moves c's implied hold; the replica's frontier moves its dataflow's input holds.
         return self._update_holds([collection.id], [collection.dataflow])
 
@@ -481,8 +672,41 @@ class ComputeInstance:
         if isinstance(response.result, PeekError):
             pending.errors[replica.name] = (replica.epoch, response.result.message)
             return self._answer_failed_peeks([response.uuid])
+        if replica.diverged is not None:
+            return []  # its rows are not trusted: another replica answers
         replica.peeks_won += 1
+        self._note_race(pending.peek, replica)
         return self._finish_peek(response.uuid, response.result, replica.name)
+
+    def _note_race(self, peek: Peek, winner: ReplicaState) -> None:
+        """A race for `peek` was won: the winner is not losing; every other active
+        replica that still had more than `slow_after_ms` to compute before it could
+        answer (its write frontiers that far from the peek's time) lost by that much."""
+        winner.losing_since_ms = None
+        for replica in self.replicas.values():
+            if replica is winner or replica.phase != "active":
+                continue
+            behind = 0
+            for id in peek.target.collection_ids:
+                frontier = replica.frontiers.get(id)
+                if frontier is None:
+                    behind = None  # not hydrated: slow at something else
+                    break
+                if not frontier.is_empty:
+                    behind = max(behind, peek.timestamp + 1 - frontier.time)
+            if behind is None:
+                continue
+            if behind > self.options.slow_after_ms:
+                if replica.losing_since_ms is None:
+                    replica.losing_since_ms = self.now_ms
+            else:
+                replica.losing_since_ms = None
+
+    def _slow(self, replica: ReplicaState) -> bool:
+        """It has lost every race it was in by more than `slow_after_ms` for
+        `slow_period_ms` (a gray failure: alive, answering heartbeats, but behind)."""
+        since = replica.losing_since_ms
+        return replica.phase == "active" and since is not None and self.now_ms - since >= self.options.slow_period_ms
 
     def _peek_failure(self, pending: PendingPeek) -> str | None:
         """The error that answers `pending` now, naming each replica and its error; None
@@ -497,6 +721,9 @@ class ComputeInstance:
                 continue
             answered = pending.errors.get(replica.name)
             if answered is not None and answered[0] == replica.epoch:
+                continue
+            if replica.diverged is not None:
+                errors[replica.name] = f"diverged on {replica.diverged}"
                 continue
             failed = self._target_failure(replica, pending.peek.target)
             if failed is None:
@@ -536,11 +763,35 @@ class ComputeInstance:
 
     # --- Client commands --------------------------------------------------------------
 
+    def reserve(self, token: str, ids: Iterable[str], at_least: Frontier) -> Frontier:
+        """Hold compute collections `ids` readable from the time returned on, for a
+        dataflow about to be recorded: the join of `at_least` and their sinces. While the
+        reservation stands their sinces cannot pass that time, so a `create_dataflow` at
+        it cannot be refused for compaction after the catalog recorded it. Refused
+        (NOT_FOUND) for a collection that is not live."""
+        ids = list(ids)
+        as_of = at_least
+        for id in ids:
+            collection = self._collection(id)
+            if collection.since.is_empty:
+                raise InstanceError("NOT_FOUND", f"collection {id} has been dropped")
+            as_of = as_of.join(collection.since)
+        for id in ids:
+            self.collections[id].holds[f"reserve:{token}"] = as_of
+        return as_of
+
+    def release_reservation(self, token: str) -> list[Effect]:
+        """End reservation `token` (see `reserve`)."""
+        held = [id for id, c in self.collections.items() if c.holds.pop(f"reserve:{token}", None) is not None]
+        return self._update_holds(held, ())
+
     def create_dataflow(
         self, desc: DataflowDescription, compaction_window_ms: int = 0, sinces: Mapping[str, Frontier] | None = None
     ) -> list[Effect]:
         """Add a dataflow. Preconditions (checked): its export ids are new, its index
-        imports are live collections of this instance readable at `as_of`.
+        imports are live collections of this instance readable at `as_of`. Its storage
+        imports are held at `as_of` already: `Catalog.create_dataflow` took those holds
+        with the record; the instance moves them on (`StorageHold`).
 
         `sinces` restores, after a controller restart, each export's recorded since: the
         dataflow comes back at one `as_of` (the meet), but an export that surviving
@@ -564,19 +815,28 @@ class ComputeInstance:
         for id in desc.export_ids:
             implied = desc.as_of.join((sinces or {}).get(id, desc.as_of))
             self.collections[id] = CollectionState(
-                id, key, desc.as_of, compaction_window_ms, write_frontier=desc.as_of, since=desc.as_of, holds={"implied": implied}
+                id,
+                key,
+                desc.as_of,
+                compaction_window_ms,
+                write_frontier=desc.as_of,
+                since=desc.as_of,
+                holds={"implied": implied},
+                compaction_allowed=desc.as_of,
             )
-        effects: list[Effect] = []
         for source in desc.imports:
             dataflow.input_holds[source.id] = desc.as_of
             if source.kind == "index":
                 self.collections[source.id].holds[f"dataflow:{key}"] = desc.as_of
-            else:
-                effects.append(StorageHold(source.id, self._holder(key), desc.as_of))
-        effects += self._send(CreateDataflow(desc))
+        effects = self._send(CreateDataflow(desc))
+        # A restored since is on record already: replicas (a surviving one reconciling
+        # its kept arrangements too) may be compacted to it at once.
+        for id, since in (sinces or {}).items():
+            if desc.as_of < since:
+                effects += self._allow_compaction(self.collections[id], since)
         for replica in self.replicas.values():
             if replica.phase == "active":
-                replica.as_ofs.update((id, desc.as_of) for id in desc.export_ids)
+                self._note_as_ofs(replica, [CreateDataflow(desc)])
         return effects + self.maintain()
 
     def check_drop_dataflow(self, id: str) -> None:
@@ -659,24 +919,39 @@ class ComputeInstance:
         return collection
 
     def _holder(self, dataflow: str) -> str:
-        return f"{self.config.name}/{dataflow}"
+        return dataflow_holder(self.config.name, dataflow)
 
     # --- Time -------------------------------------------------------------------------
 
     def tick(self, now_ms: int) -> list[Effect]:
         """Advance the clock: replicas silent past `replica_timeout_ms` have failed;
-        resume offers expire; replicas active for `stable_ms` have their consecutive
-        failures forgotten; failed replicas whose retry time passed connect again."""
+        replicas held back past `max_hold_back_ms` are rehydrated; resume offers expire;
+        replicas active for `stable_ms` have their consecutive failures forgotten; failed
+        replicas whose retry time passed connect again."""
         self.now_ms = max(self.now_ms, now_ms)
         effects: list[Effect] = []
         for replica in list(self.replicas.values()):
             silent = self.now_ms - replica.last_heard_ms
             session = replica.session
             if replica.phase == "active":
+                held_back = self._held_back(replica)
                 if silent > self.options.replica_timeout_ms:
                     effects += self.replica_failed(replica.name, replica.epoch, f"no message for {silent} ms")
+                elif held_back is not None:
+                    # A new session, not a resume: the old one would hold the inputs again.
+                    replica.session = None
+                    effects += self.replica_failed(replica.name, replica.epoch, held_back)
+                elif self.options.replace_slow and self._slow(replica):
+                    lost_ms = self.now_ms - replica.losing_since_ms
+                    replica.session = None
+                    effects += self.replica_failed(replica.name, replica.epoch, f"slow: it lost every read for {lost_ms} ms")
                 elif replica.active_since_ms is not None and self.now_ms - replica.active_since_ms >= self.options.stable_ms:
                     replica.consecutive_failures = 0
+                slow = self._slow(replica)
+                if slow and not replica.reported_slow:
+                    lost_ms = self.now_ms - replica.losing_since_ms
+                    self._event("slow", f"replica {replica.name} is slow: it lost every read it raced in for {lost_ms} ms", replica=replica.name)
+                replica.reported_slow = slow
             elif session is not None and session.detached_ms is not None:
                 detached = self.now_ms - session.detached_ms
                 if detached > self.options.replica_timeout_ms:
@@ -689,6 +964,28 @@ class ComputeInstance:
                     else:
                         replica.frontiers.clear()
         return effects + self.maintain()
+
+    def _held_back(self, replica: ReplicaState) -> str | None:
+        """Why `replica` holds compaction back too far, if it does: on some collection
+        it reported a write frontier (or, not having reported, was given an as_of) more
+        than `max_hold_back_ms` behind W, or W itself is that far behind the clock
+        while it has not reported (a replica that ignored the dataflow)."""
+        for id, collection in self.collections.items():
+            write = collection.write_frontier
+            if collection.since.is_empty or write.is_empty:
+                continue
+            reported = replica.frontiers.get(id)
+            if reported is not None:
+                behind = 0 if reported.is_empty else write.time - reported.time
+                what = f"it is {behind} ms behind W on {id}"
+            elif id in replica.given_ms:
+                behind = self.now_ms - replica.given_ms[id]
+                what = f"it has not reported {id} for {behind} ms"
+            else:
+                continue
+            if behind > self.options.max_hold_back_ms:
+                return f"{what}, more than max_hold_back_ms = {self.options.max_hold_back_ms}: rehydrating it"
+        return None
 
     # --- Maintenance ------------------------------------------------------------------
 
@@ -733,11 +1030,14 @@ class ComputeInstance:
         for key, dataflow in list(self.dataflows.items()):
             if all(self.collections[id].since.is_empty for id in dataflow.export_ids):
                 del self.dataflows[key]
+                self.digests.pop(key, None)
                 for id in dataflow.export_ids:
                     del self.collections[id]
                     for replica in self.replicas.values():
                         replica.frontiers.pop(id, None)
                         replica.as_ofs.pop(id, None)
+                        replica.given_ms.pop(id, None)
+                        replica.hydration_ms.pop(id, None)
                 for source in dataflow.desc.imports:
                     if source.kind == "storage":
                         effects.append(StorageHold(source.id, self._holder(key), Frontier.empty()))
@@ -782,15 +1082,37 @@ class ComputeInstance:
         if since == collection.since:
             return False
         collection.since = since
-        effects += self._send(AllowCompaction(collection.id, since))
-        effects.append(SinceAdvanced(collection.id, since))
+        if since.is_empty:  # dropped: the catalog recorded the drop before the instance saw it
+            effects += self._allow_compaction(collection, since)
+        else:
+            effects.append(SinceAdvanced(collection.id, since))
         return True
 
+    def sinces_recorded(self, sinces: Mapping[str, Frontier]) -> list[Effect]:
+        """The sinces of one durable batch of `SinceAdvanced`s (collection id -> since):
+        replicas may now compact there. A batch is one consistent cut of the instance
+        (no upstream since past a dependent's), so compaction allowed batch by batch
+        keeps the reduced history consistent for a replica replaying it. A collection
+        gone meanwhile, or a since already allowed, needs nothing."""
+        effects: list[Effect] = []
+        moved = {}
+        for id, since in sinces.items():
+            collection = self.collections.get(id)
+            if collection is not None and collection.compaction_allowed < since:
+                effects += self._allow_compaction(collection, since)
+                moved[collection.dataflow] = None
+        return effects + self._update_holds((), moved)
+
+    def _allow_compaction(self, collection: CollectionState, since: Frontier) -> list[Effect]:
+        collection.compaction_allowed = since
+        return self._send(AllowCompaction(collection.id, since))
+
     def _forward_input_holds(self, key: str, dataflow: DataflowState, dirty_collections: dict[str, None]) -> list[Effect]:
-        """A dataflow holds its inputs at its own since, and each replica holds them at
-        its own write frontier, so a replica that lags can still read what it needs.
-        An index input whose hold moved is marked in `dirty_collections`."""
-        hold = meet_all(self.collections[id].since for id in dataflow.export_ids)
+        """A dataflow holds its inputs at the since its replicas may compact it to (the
+        recorded one: a replica replaying the history starts there), and each replica
+        holds them at its own write frontier, so a replica that lags can still read what
+        it needs. An index input whose hold moved is marked in `dirty_collections`."""
+        hold = meet_all(self.collections[id].compaction_allowed for id in dataflow.export_ids)
         for replica in self.replicas.values():
             for id in dataflow.export_ids:
                 if id in replica.frontiers:
@@ -824,7 +1146,7 @@ class ComputeInstance:
         status = replica.dataflow_status.get(key)
         return None if status is None else status.error
 
-    def _hydrated(self, replica: ReplicaState, id: str) -> bool:
+    def hydrated(self, replica: ReplicaState, id: str) -> bool:
         """`replica` computed collection `id` past the as_of it was given: a replica added
         or rehydrated late is replayed the dataflow at its since, and reports that as_of
         at once. A dropped export (empty since) no longer counts."""
@@ -840,10 +1162,12 @@ class ComputeInstance:
         (Replica-wide errors stop progress, not reads of what it holds.)"""
         if replica.phase != "active":
             return f"{replica.name} is {replica.phase}"
+        if replica.diverged is not None:
+            return f"{replica.name} diverged on {replica.diverged}"
         error = self._dataflow_error(replica, key)
         if error is not None:
             return f"failed on {replica.name}: {error}"
-        if not all(self._hydrated(replica, id) for id in self.dataflows[key].export_ids):
+        if not all(self.hydrated(replica, id) for id in self.dataflows[key].export_ids):
             return f"not hydrated on {replica.name}"
         return None
 
@@ -881,17 +1205,37 @@ class ComputeInstance:
             for id in dataflow.export_ids:
                 if self.collections[id].since.is_empty:
                     continue
-                if not self._hydrated(replica, id):
+                if not self.hydrated(replica, id):
                     return None
                 write, frontier = self.collections[id].write_frontier, replica.frontiers.get(id)
                 if frontier is not None and not write.is_empty:
                     lag = max(lag, write.time - (write.time if frontier.is_empty else frontier.time))
         return lag
 
+    def wallclock_lag_ms(self, frontier: Frontier) -> int | None:
+        """How far `frontier` is behind the clock (times are ms); None once empty."""
+        return None if frontier.is_empty else max(0, self.now_ms - frontier.time)
+
+    def _replica_wallclock_lag_ms(self, replica: ReplicaState) -> int:
+        """The most `replica`'s reported write frontiers are behind the clock, over the
+        live collections (call only when it is hydrated: each has a report)."""
+        lags = [self.wallclock_lag_ms(replica.frontiers[id]) for id, c in self.collections.items() if not c.since.is_empty and id in replica.frontiers]
+        return max((lag for lag in lags if lag is not None), default=0)
+
+    def stale_collections(self) -> dict[str, int]:
+        """Live collection id -> its wallclock lag, for those whose W is more than
+        `max_lag_ms` behind the clock: stale on every replica."""
+        result = {}
+        for id, collection in self.collections.items():
+            lag = self.wallclock_lag_ms(collection.write_frontier)
+            if not collection.since.is_empty and lag is not None and lag > self.options.max_lag_ms:
+                result[id] = lag
+        return result
+
     def _in_sync(self, replica: ReplicaState, excused: Collection[str] = ()) -> bool:
         """Active, no replica-wide errors, and for every dataflow not `excused`: not failed
         on it, hydrated, and within `max_lag_ms` of W."""
-        if replica.phase != "active" or (replica.status is not None and replica.status.errors):
+        if replica.phase != "active" or replica.diverged is not None or (replica.status is not None and replica.status.errors):
             return False
         if any(self._dataflow_error(replica, key) is not None for key in self.dataflows if key not in excused):
             return False
@@ -917,18 +1261,21 @@ class ComputeInstance:
                     in_sync_where_served=self._in_sync(replica, excused),
                     lag_ms=lag,
                     peeks_won=replica.peeks_won,
+                    wallclock_lag_ms=None if lag is None else self._replica_wallclock_lag_ms(replica),
+                    slow=self._slow(replica),
                 )
             )
         return result
 
     def state(self) -> Literal["healthy", "degraded", "unavailable"]:
         """`healthy` when at least `min_in_sync` replicas (and at least one) are strictly
-        in sync, which implies every dataflow serves; `unavailable` when no replica is in
-        sync and no dataflow serves anywhere; `degraded` otherwise, e.g. when a dataflow
-        failed on every replica while the others serve (`unavailable_dataflows` names it)."""
+        in sync, which implies every dataflow serves, and no collection is stale (W
+        within `max_lag_ms` of the clock); `unavailable` when no replica is in sync and
+        no dataflow serves anywhere; `degraded` otherwise, e.g. when a dataflow failed on
+        every replica while the others serve (`unavailable_dataflows` names it)."""
         in_sync = sum(1 for h in self.health() if h.in_sync)
         if in_sync >= max(1, self.options.min_in_sync):
-            return "healthy"
+            return "degraded" if self.stale_collections() else "healthy"
         if in_sync:
             return "degraded"
         serving = any(

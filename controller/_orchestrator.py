@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from catalog import Catalog, ReplicaInfo
 from controller._api import ControllerError
@@ -87,8 +87,11 @@ def pid_alive(pid: int | None) -> bool:
 class Orchestrator:
     """Starts and stops the replica processes of every managed replica."""
 
-    def __init__(self, catalog: Catalog, catalog_url: str, blob_location: str | Path, data_dir: Path) -> None:
+    def __init__(
+        self, catalog: Catalog, catalog_url: str, blob_location: str | Path, data_dir: Path, security_args: Sequence[str] = ()
+    ) -> None:
         self.catalog = catalog
+        self.security_args = list(security_args)  # the controller's TLS and token flags, for its replicas
         self.catalog_url = catalog_url
         self.blob_location = str(blob_location)  # a directory or a URI: replicas take both
         self.log_dir = data_dir / "logs"
@@ -180,6 +183,7 @@ class Orchestrator:
             "--work-dir", str(work_dir),
             "--crash-file", str(self.work_root / f"{replica.instance}-{replica.name}.crashes.json"),
             "--spark-master", replica.spark_master,
+            *self.security_args,
             "--driver-memory", conf.pop("spark.driver.memory", SIZES.get(replica.size, SIZES["xsmall"]).driver_memory),
         ]
         for key, flag in (("spark.driver.host", "--driver-host"), ("spark.driver.bindAddress", "--driver-bind-address")):

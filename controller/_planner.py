@@ -43,7 +43,7 @@ from collections import OrderedDict
 from concurrent.futures import Future
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +55,12 @@ from pyspark.sql import SparkSession
 from catalog import DETERMINISTIC_SPARK_CONF, InvalidArgument
 from controller._api import ControllerError
 from replica_service._spark import SparkSettings, dataflow_session, launch_jvm, start_session
-from replica_service.dataplane import DeltaPlan, NotIncremental, delta_plan, spark_type
+from history import DataflowDescription
+from replica_service._arrangement import Version
+from replica_service.dataplane import DeltaPlan, NotIncremental, StorageReader, delta_plan, maintainer, spark_type
 from replica_service.dataplane._jvm import Jvm
 from replica_service.dataplane._plan import ACC_VIEW, DIFF
+from storage import Storage
 from replica_service.dataplane._rows import quote
 from storage import parse_schema, schema_to_ddl
 
@@ -442,6 +445,26 @@ class Planner:
                     f"{hint}; the output columns are: {available}",
                 )
         return columns
+
+    def recompute_digest(self, desc: DataflowDescription, time: int, storage: Storage, conf: Mapping[str, str]) -> str:
+        """The digest of `desc`'s index version at `time`, computed from scratch from its
+        storage inputs with the replica's own code (`maintainer`, a `Version`), in a
+        session of this planner's Spark with the instance's settings: what a correct
+        replica reports for that time. Settles a disagreement between two replicas."""
+        session = dataflow_session(self._session, conf)
+        readers = {source.name: StorageReader(storage, source.id) for source in desc.imports}
+        try:
+            for reader in readers.values():
+                reader.refresh(session)
+            fresh = replace(desc, sink_exports=(), strategy="recompute")
+            partitions = int(conf.get("spark.sql.shuffle.partitions", "200"))
+            output = maintainer(fresh, session, readers, {}, partitions).step(time)
+            rows = output.version(None)
+            output.finish()
+        finally:
+            for reader in readers.values():
+                reader.close()
+        return Version.build(time, rows, desc.index_exports[0].key).digest
 
     # --- Spark plumbing (callers hold the lock) ----------------------------------------
 

@@ -44,7 +44,7 @@ T = TypeVar("T")
 # The directory holding our packages, first on the child's path, so the controller
 # runs the same code as its caller (an uninstalled checkout included).
 _ROOT = Path(__file__).resolve().parent.parent
-_READY = re.compile(r"tandem controller \(epoch (\d+)\) listening on (\S+)")
+_READY = re.compile(r"tandem controller \(epoch (\d+)\) listening on (\S+?)(?:; status page on http://(\S+)/, metrics on .*)?$")
 
 READY_TIMEOUT_S = 180.0  # a cold planner JVM on a loaded 2-core machine
 STOP_TIMEOUT_S = 30.0
@@ -80,7 +80,7 @@ class ControllerProcess:
             raise RuntimeError(f"the controller (pid {self.process.pid}) is still running")
         self.data_dir.mkdir(parents=True, exist_ok=True)
         command = [sys.executable, "-m", "controller.cli", "serve"]
-        command += ["--data-dir", str(self.data_dir), "--listen", "127.0.0.1:0"]
+        command += ["--data-dir", str(self.data_dir), "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"]
         if self.catalog_url:
             command += ["--catalog", self.catalog_url]
         command += self.serve_args
@@ -96,7 +96,7 @@ class ControllerProcess:
                 start_new_session=True,
             )
         try:
-            self.epoch, self.address = self._await_ready(self.ready_timeout)
+            self.epoch, self.address, self.metrics_address = self._await_ready(self.ready_timeout)
         except BaseException:  # Ctrl-C included: never leave a controller behind
             self.kill()
             raise
@@ -105,7 +105,7 @@ class ControllerProcess:
     def pid(self) -> int:
         return self.process.pid
 
-    def _await_ready(self, timeout: float) -> tuple[int, str]:
+    def _await_ready(self, timeout: float) -> tuple[int, str, str | None]:
         timer = threading.Timer(timeout, self.process.kill)
         timer.start()
         try:
@@ -119,7 +119,7 @@ class ControllerProcess:
                 f"the controller exited ({code}) before it listened; the end of "
                 f"{self.log_path}:\n{_tail(self.log_path)}"
             )
-        return int(match[1]), match[2]
+        return int(match[1]), match[2], match[3]
 
     def kill(self) -> None:
         """SIGKILL, as a crash would; its replicas live on."""

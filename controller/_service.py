@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import fields
 from importlib import metadata
@@ -30,14 +30,16 @@ from controller._api import (
     ControllerError,
     DataflowStatusView,
     DataflowView,
+    EventView,
     InstanceView,
     ReplicaView,
     SourceView,
     StatusCode,
 )
-from protocol import ProtocolError
+from protocol import ProtocolError, table_to_ipc
 from protocol import controller_codec as codec
 from protocol import controller_pb2 as pb
+from protocol.security import ServerSecurity
 from protocol import controller_pb2_grpc as pb_grpc
 
 _log = logging.getLogger(__name__)
@@ -86,16 +88,18 @@ def _rpc(handler: _Handler) -> _Method:
         try:
             return await handler(self, request)
         except Exception as error:  # every failure answers the client; none kills the server
-            code, message = status_of(error)
-            if code is grpc.StatusCode.INTERNAL:
-                _log.error("%s failed", handler.__name__, exc_info=error)
-            # abort raises, ending the call with this status.
-            await context.abort(
-                code, message, trailing_metadata=((codec.STATUS_METADATA_KEY, code.name),)
-            )
+            await _abort(context, handler.__name__, error)
             raise
 
     return method
+
+
+async def _abort(context: grpc.aio.ServicerContext, method: str, error: Exception) -> None:
+    """End the call with `error`'s status (abort raises)."""
+    code, message = status_of(error)
+    if code is grpc.StatusCode.INTERNAL:
+        _log.error("%s failed", method, exc_info=error)
+    await context.abort(code, message, trailing_metadata=((codec.STATUS_METADATA_KEY, code.name),))
 
 
 # --- Views -----------------------------------------------------------------------------
@@ -155,7 +159,7 @@ class ControllerServicer(pb_grpc.ControllerServicer):
     async def CreateInstance(self, request: pb.CreateInstanceRequest) -> pb.InstanceView:
         view = await self._api.create_instance(
             request.name,
-            **codec.present_fields(request, "min_in_sync", "max_lag_ms", "replica_timeout_ms"),
+            **codec.present_fields(request, "min_in_sync", "max_lag_ms", "replica_timeout_ms", "max_hold_back_ms", "replace_slow"),
             spark_conf=codec.string_map_from_proto(request, "spark_conf"),
         )
         return _instance_to_proto(view)
@@ -263,6 +267,37 @@ class ControllerServicer(pb_grpc.ControllerServicer):
         views = await self._api.status(codec.optional_field(request, "instance"))
         return pb.StatusResponse(instances=[_instance_to_proto(v) for v in views])
 
+    async def Subscribe(self, request: pb.SubscribeRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.SubscribeBatch]:
+        """A server stream, so not `_rpc`: a refusal or a failure mid-feed ends the call
+        with its status the same way; the feed is closed however the call ends."""
+        try:
+            feed = await self._api.subscribe(
+                codec.optional_field(request, "instance"),
+                request.name,
+                as_of=codec.optional_field(request, "as_of"),
+                up_to=codec.optional_field(request, "up_to"),
+                snapshot=codec.optional_field(request, "snapshot") is not False,
+                progress=request.progress,
+            )
+        except Exception as error:
+            await _abort(context, "Subscribe", error)
+            raise
+        try:
+            async for batch in feed:
+                yield pb.SubscribeBatch(arrow_ipc=table_to_ipc(batch.updates), progress=batch.progress)
+        except Exception as error:
+            await _abort(context, "Subscribe", error)
+            raise
+        finally:
+            await feed.close()
+
+    @_rpc
+    async def ListEvents(self, request: pb.ListEventsRequest) -> pb.ListEventsResponse:
+        views = await self._api.events(
+            codec.optional_field(request, "instance"), after=codec.optional_field(request, "after"), limit=request.limit or 100
+        )
+        return pb.ListEventsResponse(events=[pb.EventView(**_fields(v)) for v in views])
+
 
 # --- Server ----------------------------------------------------------------------------
 
@@ -270,18 +305,19 @@ class ControllerServicer(pb_grpc.ControllerServicer):
 class ControllerServer:
     """A `grpc.aio` server of `ControllerServicer(api)` listening on `listen`
     ("host:port"; port 0 picks a free one; no host means 127.0.0.1, so a controller is
-    reachable from other machines only when told so). Construct it inside the event loop
-    that will run it; `address` is the bound "host:port" from construction on."""
+    reachable from other machines only when told so), secured by `security` (TLS, a
+    bearer token; none by default). Construct it inside the event loop that will run
+    it; `address` is the bound "host:port" from construction on."""
 
-    def __init__(self, api: ControllerApi, listen: str = "127.0.0.1:6875") -> None:
+    def __init__(self, api: ControllerApi, listen: str = "127.0.0.1:6875", security: ServerSecurity = ServerSecurity()) -> None:
         host, _, port = listen.rpartition(":")
         host = host or "127.0.0.1"
         if not port.isdigit() or int(port) > 65535:  # grpc would bind some other port
             raise OSError(f"cannot listen on {listen!r}: expected host:port")
-        self._server = grpc.aio.server(options=codec.CHANNEL_OPTIONS)
+        self._server = grpc.aio.server(options=codec.CHANNEL_OPTIONS, interceptors=security.interceptors())
         pb_grpc.add_ControllerServicer_to_server(ControllerServicer(api), self._server)
         try:
-            bound = self._server.add_insecure_port(f"{host}:{port}")
+            bound = security.add_port(self._server, f"{host}:{port}")
         except RuntimeError as error:  # grpc's way of saying the address is taken or bad
             raise OSError(f"cannot listen on {listen!r}: {error}") from None
         self.address = f"{host}:{bound}"

@@ -9,15 +9,20 @@
     tandem dataflow create prod totals --sql "SELECT region, sum(amount) AS total FROM orders
         GROUP BY region" --index-key region
     tandem peek prod totals --where region=eu
-    tandem status prod
+    tandem status prod --watch
+    tandem events --instance prod --follow
 
 Rules:
 - Every command but `serve` and `demo` takes `--address` (default `$TANDEM_ADDRESS`, else
-  127.0.0.1:6875) and `--json` (JSON on stdout for scripts, instead of aligned tables).
+  127.0.0.1:6875) and `--json` (JSON on stdout for scripts, instead of aligned tables);
+  against a secured controller, `--token-file` (default `$TANDEM_TOKEN`), `--tls-ca` and
+  `--tls-client-cert`/`--tls-client-key`. `serve` takes the server's side: `--tls-cert`,
+  `--tls-key`, `--tls-client-ca`, `--auth-token-file`.
 - Exit codes: 0 done; 1 refused or failed, with `error: <STATUS>: <message>` on stderr;
   2 a usage error (argparse); 130 interrupted.
 - Each leaf command is a handler `(client, args) -> data` and a text renderer of that
-  data; `--json` prints the data itself, so both outputs always say the same.
+  data; `--json` prints the data itself, so both outputs always say the same. Tables
+  and progress are drawn by rich; progress only on a terminal (on stderr).
 - Literals on the command line (`--key`, `--where` values) are read as JSON when they
   parse (42, 1.5, true, null, "42", [1, 2]) and as plain strings otherwise (eu, 2024-01-31).
 """
@@ -32,6 +37,7 @@ import csv
 import dataclasses
 import datetime as dt
 import decimal
+import io
 import json
 import os
 import re
@@ -43,29 +49,45 @@ from typing import Any, TextIO
 
 import grpc
 import pyarrow as pa
+from rich import box
+from rich.console import Console
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
 
-from controller._api import ControllerError, DataflowStatusView, DataflowView, InstanceView, ReplicaView, SourceView
+from controller._api import ControllerError, DataflowStatusView, DataflowView, EventView, InstanceView, ReplicaView, SourceView
+from controller import _progress
 from controller.client import DEFAULT_ADDRESS, Client, QueryResult, TandemError
+from protocol.security import ServerSecurity, add_server_arguments, read_token
+
+FOLLOW_INTERVAL_S = 1.0  # how often `events --follow` asks for new events
 
 # --- Tables ----------------------------------------------------------------------------
 
 
+# Header, a rule of dashes under each column, rows; no other lines. Columns are set
+# apart by one space of right padding and a space as the divider.
+_DASHED = box.Box("    \n    \n -  \n    \n    \n    \n    \n    \n")
+
+
 def format_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], null: str = "-") -> str:
-    """`rows` under `headers`, columns separated by two spaces; None shows as `null`,
-    booleans as true/false, and a column of numbers is right-aligned."""
+    """`rows` under `headers` (drawn by rich); None shows as `null`, booleans as
+    true/false, and a column of numbers is right-aligned. On a terminal, long cells wrap
+    to its width; elsewhere (a pipe, a file) lines are never wrapped."""
     rows = list(rows)
-    cells = [[_cell(value, null) for value in row] for row in rows]
-    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
-    numeric = [
-        bool(rows) and all(_is_number(r[i]) or r[i] is None for r in rows)
-        for i in range(len(headers))
-    ]
-
-    def line(values: Sequence[str]) -> str:
-        padded = (v.rjust(w) if n else v.ljust(w) for v, w, n in zip(values, widths, numeric))
-        return "  ".join(padded).rstrip()
-
-    return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, cells)])
+    numeric = [bool(rows) and all(_is_number(r[i]) or r[i] is None for r in rows) for i in range(len(headers))]
+    table = Table(box=_DASHED, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0), header_style=None)
+    for header, is_number in zip(headers, numeric):
+        table.add_column(header, justify="right" if is_number else "left", overflow="fold")
+    for row in rows:
+        table.add_row(*(escape(_cell(value, null)) for value in row))
+    terminal = Console()
+    console = Console(file=io.StringIO(), width=terminal.width if terminal.is_terminal else 1_000_000, color_system=None)
+    console.print(table)
+    head, rule, *body = console.file.getvalue().splitlines()
+    rule = rule.replace("- ", "  ")  # the rule spans a column's right padding too: not under it
+    return "\n".join(line.rstrip() for line in [head, rule, *body])
 
 
 def _is_number(value: Any) -> bool:
@@ -114,6 +136,7 @@ def _replicas(views: list[ReplicaView]) -> str:
             "IN_SYNC",
             "HYDRATED",
             "LAG_MS",
+            "STALE_MS",
             "EPOCH",
             "PID",
             "PEEKS_WON",
@@ -122,6 +145,7 @@ def _replicas(views: list[ReplicaView]) -> str:
             "RETRY",
             "SPARK_MASTER",
             "ADDRESS",
+            "METRICS",
         ],
         [
             [
@@ -131,6 +155,7 @@ def _replicas(views: list[ReplicaView]) -> str:
                 r.in_sync,
                 r.hydrated,
                 r.lag_ms,
+                r.wallclock_lag_ms,
                 r.epoch,
                 r.pid,
                 r.peeks_won,
@@ -139,6 +164,7 @@ def _replicas(views: list[ReplicaView]) -> str:
                 _retry(r.next_retry_ms),
                 r.spark_master,
                 r.address,
+                r.metrics_address,
             ]
             for r in views
         ],
@@ -168,12 +194,19 @@ def _replica_problems(views: Sequence[ReplicaView]) -> list[str]:
 def _dataflow_statuses(views: Sequence[ReplicaView]) -> str | None:
     """Each dataflow on each replica that reports it: its latest step and any error."""
     rows = sorted(
-        [name, r.name, s.hydrated, s.steps, s.last_step_ms, s.rows_changed, s.error]
+        [name, r.name, _hydration(s), s.steps, s.last_step_ms, s.rows_changed, s.error]
         for r in views
         for name, s in r.dataflows.items()
     )
     headers = ["DATAFLOW", "REPLICA", "HYDRATED", "STEPS", "LAST_STEP_MS", "ROWS_CHANGED", "ERROR"]
     return format_table(headers, rows) if rows else None
+
+
+def _hydration(status: DataflowStatusView) -> bool | str:
+    """true once hydrated; while hydrating, how far its first step's Spark tasks are."""
+    if status.hydrated or not status.hydration_tasks_total:
+        return status.hydrated
+    return f"{status.hydration_tasks_done}/{status.hydration_tasks_total} tasks"
 
 
 def _errors(statuses: Mapping[str, DataflowStatusView]) -> str | None:
@@ -229,16 +262,80 @@ def _status(views: list[InstanceView]) -> str:
             f"min {v.min_in_sync}; max lag {v.max_lag_ms} ms; history {v.history_length} "
             f"commands, {v.history_reductions} reductions, {v.commands_pushed} pushed)",
             *(f"dataflow {name} serves nowhere: {why}" for name, why in v.unavailable_dataflows.items()),
+            *(f"replica {r.name} is not trusted: it diverged on {r.diverged}" for r in v.replicas if r.diverged),
+            *(f"replica {r.name} is slow: it has lost every read by far for a while" for r in v.replicas if r.slow),
+            *(
+                f"collection {c.name} is {c.wallclock_lag_ms} ms behind the clock on every replica (max lag {v.max_lag_ms} ms)"
+                for c in v.collections
+                if c.wallclock_lag_ms is not None and c.wallclock_lag_ms > v.max_lag_ms
+            ),
             _replicas(list(v.replicas)),
             *_replica_problems(v.replicas),
         ]
         collections = format_table(
-            ["COLLECTION", "ID", "SINCE", "WRITE_FRONTIER"],
-            [[c.name, c.id, _frontier(c.since), _frontier(c.write_frontier)] for c in v.collections],
+            ["COLLECTION", "ID", "SINCE", "WRITE_FRONTIER", "STALE_MS"],
+            [[c.name, c.id, _frontier(c.since), _frontier(c.write_frontier), c.wallclock_lag_ms] for c in v.collections],
         )
         sections = ["\n".join(head), _dataflow_statuses(v.replicas), collections]
         blocks.append("\n\n".join(s for s in sections if s is not None))
     return "\n\n".join(blocks)
+
+
+def _events(events: list[EventView]) -> str:
+    return format_table(["TIME", "INSTANCE", "KIND", "REPLICA", "MESSAGE"], [_event_row(e) for e in events])
+
+
+def _event_row(event: EventView) -> list[Any]:
+    at = dt.datetime.fromtimestamp(event.at_ms / 1000, dt.timezone.utc).isoformat(timespec="milliseconds")
+    return [at, event.instance, event.kind, event.replica or None, event.message]
+
+
+def _subscribe(args: argparse.Namespace) -> None:
+    """`tandem subscribe`: one line per update (time, diff, row; a JSON object with
+    --json), and with --progress one per progress, until the feed ends or Ctrl-C."""
+    with Client(args.address, **_security(args)) as client:
+        feed = client.subscribe(
+            None if args.instance == "-" else args.instance,
+            args.name, as_of=args.as_of, up_to=args.up_to, snapshot=not args.no_snapshot, progress=args.progress
+        )
+        for batch in feed:
+            for row in batch.updates.to_pylist():
+                time_, diff = row.pop("_time"), row.pop("_diff")
+                if args.json:
+                    print(json.dumps({"time": time_, "diff": diff, "row": row}, default=_json_value), flush=True)
+                else:
+                    print(f"{time_}  {diff:+d}  {json.dumps(row, default=_json_value)}", flush=True)
+            if args.progress and batch.progress is not None:
+                print(json.dumps({"progress": batch.progress}) if args.json else f"{batch.progress}  progress", flush=True)
+
+
+def _watch_status(args: argparse.Namespace) -> None:
+    """`tandem status --watch`: redrawn in place on a terminal; elsewhere (or with
+    --json) one snapshot after another, until interrupted."""
+    console = Console()
+    with Client(args.address, **_security(args)) as client:
+        if args.json or not console.is_terminal:
+            while True:
+                views = client.status(args.instance)
+                print(json.dumps(views, default=_json_value) if args.json else _status(views) + "\n", flush=True)
+                time.sleep(args.interval)
+        with Live(console=console, auto_refresh=False) as live:
+            while True:
+                live.update(Text(_status(client.status(args.instance))), refresh=True)
+                time.sleep(args.interval)
+
+
+def _follow_events(args: argparse.Namespace) -> None:
+    """`tandem events --follow`: the latest events, then each new one as it is recorded,
+    one line each (a JSON object with --json), until interrupted."""
+    with Client(args.address, **_security(args)) as client:
+        events = client.events(args.instance, limit=args.limit)
+        while True:
+            for event in events:
+                print(json.dumps(dataclasses.asdict(event)) if args.json else "  ".join(_cell(v, "-") for v in _event_row(event)), flush=True)
+            after = events[-1].id if events else 0
+            time.sleep(FOLLOW_INTERVAL_S)
+            events = client.events(args.instance, after=after, limit=1_000)
 
 
 def _rows(result: QueryResult) -> str:
@@ -290,27 +387,79 @@ def _instance_create(client: Client, args: argparse.Namespace) -> InstanceView:
         max_lag_ms=args.max_lag_ms,
         replica_timeout_ms=args.replica_timeout_ms,
         spark_conf=_conf(args.conf),
+        max_hold_back_ms=args.max_hold_back_ms,
+        replace_slow=args.replace_slow or None,
     )
 
 
 def _replica_add(client: Client, args: argparse.Namespace) -> ReplicaView:
-    return client.add_replica(
-        args.instance,
-        args.name,
-        size=args.size,
-        spark_master=args.spark_master,
-        spark_conf=_conf(args.conf),
-        address=args.replica_address,
-        driver_host=args.driver_host,
-        driver_bind_address=args.driver_bind_address,
-        wait=args.wait,
-        timeout_ms=args.timeout_ms,
-    )
+    def add() -> ReplicaView:
+        return client.add_replica(
+            args.instance,
+            args.name,
+            size=args.size,
+            spark_master=args.spark_master,
+            spark_conf=_conf(args.conf),
+            address=args.replica_address,
+            driver_host=args.driver_host,
+            driver_bind_address=args.driver_bind_address,
+            wait=args.wait,
+            timeout_ms=args.timeout_ms,
+        )
+
+    def hydration() -> tuple[str, int | None, int | None]:
+        replica = next((r for r in client.status(args.instance)[0].replicas if r.name == args.name), None)
+        if replica is None:
+            return f"replica {args.name}: starting", None, None
+        statuses = list(replica.dataflows.values())
+        hydrated = sum(s.hydrated for s in statuses)
+        done, total = sum(s.hydration_tasks_done for s in statuses), sum(s.hydration_tasks_total for s in statuses)
+        tasks = f", {done}/{total} tasks of hydrating steps" if total else ""
+        return f"replica {args.name}: {replica.state}, {hydrated} of {len(statuses)} dataflows hydrated{tasks}", hydrated, len(statuses) or None
+
+    return _progress.while_running(add, hydration) if args.wait else add()
+
+
+def _resize(client: Client, args: argparse.Namespace) -> list[ReplicaView]:
+    old = {r.name for r in client.status(args.name)[0].replicas}
+
+    def replaced() -> tuple[str, int | None, int | None]:
+        replicas = client.status(args.name)[0].replicas
+        new = [r for r in replicas if r.name not in old]
+        wanted, in_sync = max(len(old), 1), sum(r.in_sync for r in new)
+        left = len(old & {r.name for r in replicas})
+        return f"{len(new)} of {wanted} {args.size} replicas added, {in_sync} in sync, {left} old left", in_sync, wanted
+
+    return _progress.while_running(lambda: client.resize(args.name, args.size, timeout_ms=args.timeout_ms), replaced)
+
+
+def _source_create(client: Client, args: argparse.Namespace) -> SourceView:
+    if args.like_parquet is None:
+        return client.create_source(args.name, args.schema)
+    import pyarrow.parquet as pq
+
+    from storage import InvalidArgument, schema_to_ddl  # imported here: it loads the catalog's SQLAlchemy
+
+    try:
+        schema = pq.read_schema(args.like_parquet)
+    except (OSError, pa.ArrowException) as error:
+        raise _invalid(f"cannot read the schema of {args.like_parquet}: {error}") from None
+    try:
+        ddl = schema_to_ddl(schema)
+    except InvalidArgument as error:
+        raise _invalid(f"{args.like_parquet}: {error}") from None
+    return client.create_source(args.name, ddl)
 
 
 def _source_append(client: Client, args: argparse.Namespace) -> dict[str, Any]:
-    rows = _read_rows(client, args.name, args.csv, args.jsonl)
-    return {"source": args.name, "rows": len(rows), "timestamp": client.append(args.name, rows)}
+    if args.parquet is not None:
+        rows: pa.Table | list[dict[str, Any]] = _read_parquet(client, args.name, args.parquet)
+    else:
+        rows = _read_rows(client, args.name, args.csv, args.jsonl)
+    count = rows.num_rows if isinstance(rows, pa.Table) else len(rows)
+    with _progress.spinner(f"appending {count} rows to {args.name}"):
+        timestamp = client.append(args.name, rows)
+    return {"source": args.name, "rows": count, "timestamp": timestamp}
 
 
 def _peek(client: Client, args: argparse.Namespace) -> QueryResult:
@@ -345,6 +494,11 @@ def _serve(args: argparse.Namespace) -> None:
     from controller import runtime
 
     try:
+        security = ServerSecurity.of(args.tls_cert, args.tls_key, args.tls_client_ca, args.auth_token_file)
+    except (OSError, ValueError) as error:
+        print(f"error: INVALID_ARGUMENT: {error}", file=sys.stderr)
+        raise SystemExit(1) from None
+    try:
         asyncio.run(
             runtime.serve(
                 data_dir=args.data_dir,
@@ -354,6 +508,8 @@ def _serve(args: argparse.Namespace) -> None:
                 retention_ms=args.retention_ms,
                 gc_grace_ms=args.gc_grace_ms,
                 upkeep_interval_ms=args.upkeep_interval_ms,
+                security=security,
+                http_listen=None if args.http_listen == "off" else args.http_listen,
             )
         )
     except ControllerError as error:  # refused at start: a bad option or blob location
@@ -436,20 +592,51 @@ def _read_rows(
     the type of its column in the source's schema, so a DATE column gets dates."""
     from storage import parse_schema  # imported here: it loads the catalog's SQLAlchemy
 
-    schema = next((s.schema for s in client.list_sources() if s.name == source), None)
-    if schema is None:
-        raise TandemError(grpc.StatusCode.NOT_FOUND, f"no source named {source!r}")
-    converters = {f.name: _converter(f.type) for f in parse_schema(schema)}
+    converters = {f.name: _converter(f.type) for f in parse_schema(_source_schema(client, source))}
     converters["_diff"] = _converter(pa.int64())
     path = csv_path or jsonl_path or "-"
     with _open(path) as lines:
+        counted = _progress.counted_bytes(lines, None if path == "-" else os.path.getsize(path), f"reading {path}")
         try:
             return [
                 _convert(number, row, converters)
-                for number, row in (_csv_rows(lines) if csv_path else _jsonl_rows(lines))
+                for number, row in (_csv_rows(counted) if csv_path else _jsonl_rows(counted))
             ]
         except ValueError as error:
             raise _invalid(f"{path}: {error}") from None
+
+
+def _source_schema(client: Client, source: str) -> str:
+    schema = next((s.schema for s in client.list_sources() if s.name == source), None)
+    if schema is None:
+        raise TandemError(grpc.StatusCode.NOT_FOUND, f"no source named {source!r}")
+    return schema
+
+
+def _read_parquet(client: Client, source: str, path: str) -> pa.Table:
+    """A Parquet file's rows, cast to the source's column types (with `_diff` when the
+    file has one): columns are matched by name, so their order in the file is free."""
+    import pyarrow.parquet as pq
+
+    from storage import parse_schema  # imported here: it loads the catalog's SQLAlchemy
+
+    schema = parse_schema(_source_schema(client, source))
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as error:
+        raise _invalid(f"cannot read {path}: {error}") from None
+    fields = [*schema, pa.field("_diff", pa.int64(), nullable=False)] if "_diff" in table.column_names else list(schema)
+    extra = sorted(set(table.column_names) - {f.name for f in fields})
+    missing = [f.name for f in fields if f.name not in table.column_names]
+    if extra or missing:
+        raise _invalid(f"{path}: the columns do not match source {source!r}: missing {missing}, not in the source {extra}")
+    columns = []
+    for field in fields:
+        try:
+            columns.append(table.column(field.name).cast(field.type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+            raise _invalid(f"{path}: column {field.name!r} does not convert to {field.type}: {error}") from None
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields))
 
 
 def _open(path: str) -> Any:
@@ -559,6 +746,12 @@ def _parser() -> argparse.ArgumentParser:
         help="the controller's host:port (default: $TANDEM_ADDRESS, else 127.0.0.1:6875)",
     )
     common.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    common.add_argument(
+        "--token-file", type=Path, help="the bearer token the controller requires (default: $TANDEM_TOKEN, else none)"
+    )
+    common.add_argument("--tls-ca", type=Path, help="talk TLS, checking the controller's certificate against this CA (PEM)")
+    common.add_argument("--tls-client-cert", type=Path, help="a client certificate (PEM), for a controller that requires one")
+    common.add_argument("--tls-client-key", type=Path, help="the private key (PEM) of --tls-client-cert")
 
     parser = argparse.ArgumentParser(
         prog="tandem",
@@ -621,6 +814,13 @@ def _parser() -> argparse.ArgumentParser:
         help="how often storage upkeep (retention holds, compaction, garbage) runs "
         "(default: 5000)",
     )
+    p.add_argument(
+        "--http-listen",
+        default="127.0.0.1:6876",
+        metavar="HOST:PORT",
+        help="where to serve the status page (/), its JSON (/api/status) and Prometheus metrics (/metrics), or off (default: %(default)s)",
+    )
+    add_server_arguments(p)
     p.set_defaults(run=_serve)
 
     p = commands.add_parser(
@@ -654,6 +854,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-lag-ms", type=int, help="the most an in-sync replica may lag")
     p.add_argument("--replica-timeout-ms", type=int, help="silence that fails a replica")
     p.add_argument(
+        "--max-hold-back-ms",
+        type=int,
+        help="how far behind a replica may hold compaction back before it is rehydrated",
+    )
+    p.add_argument(
+        "--replace-slow",
+        action="store_true",
+        help="rehydrate a replica that loses every read by far for a while (default: only report it)",
+    )
+    p.add_argument(
         "--conf",
         type=_pair,
         action="append",
@@ -673,7 +883,7 @@ def _parser() -> argparse.ArgumentParser:
         instance,
         "resize",
         "replace an instance's replicas by ones of SIZE, no downtime",
-        lambda c, a: c.resize(a.name, a.size, timeout_ms=a.timeout_ms),
+        _resize,
         _replicas,
     )
     p.add_argument("name")
@@ -744,25 +954,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="even below the instance's min-in-sync")
 
     source = group("source", "create, append to, drop and list sources")
-    p = leaf(
-        source,
-        "create",
-        "create a source",
-        lambda c, a: c.create_source(a.name, a.schema),
-        _one(_sources),
-    )
+    p = leaf(source, "create", "create a source", _source_create, _one(_sources))
     p.add_argument("name")
-    p.add_argument(
-        "--schema",
-        required=True,
-        metavar="DDL",
-        help='Spark DDL columns, e.g. "id BIGINT NOT NULL, region STRING"',
-    )
+    shape = p.add_mutually_exclusive_group(required=True)
+    shape.add_argument("--schema", metavar="DDL", help='Spark DDL columns, e.g. "id BIGINT NOT NULL, region STRING"')
+    shape.add_argument("--like-parquet", metavar="FILE", help="the columns (names, types, nullability) of this Parquet file")
     p = leaf(
         source,
         "append",
-        "append the rows of --csv FILE, --jsonl FILE or - (JSON lines on stdin) at one new "
-        "timestamp; values are read by the source's column types; a _diff of -1 retracts",
+        "append the rows of --csv FILE, --jsonl FILE, --parquet FILE or - (JSON lines on stdin) at one "
+        "new timestamp; values are read by the source's column types; a _diff of -1 retracts",
         _source_append,
         _said,
     )
@@ -770,6 +971,7 @@ def _parser() -> argparse.ArgumentParser:
     rows = p.add_mutually_exclusive_group(required=True)
     rows.add_argument("--csv", metavar="FILE", help="CSV with a header row ('-': stdin)")
     rows.add_argument("--jsonl", metavar="FILE", help="one JSON object per line ('-': stdin)")
+    rows.add_argument("--parquet", metavar="FILE", help="a Parquet file, columns by name (cast to the source's types)")
     rows.add_argument("stdin", nargs="?", choices=["-"], help="JSON lines on stdin")
     p = leaf(
         source, "drop", "drop a source", _drop("source", lambda c, a: c.drop_source(a.name)), _said
@@ -865,6 +1067,36 @@ def _parser() -> argparse.ArgumentParser:
         _status,
     )
     p.add_argument("instance", nargs="?")
+    p.add_argument("--watch", action="store_true", help="redraw it every --interval seconds until interrupted")
+    p.add_argument("--interval", type=float, default=2.0, metavar="S", help="with --watch (default: %(default)s)")
+    p.set_defaults(run=lambda args: _watch_status(args) if args.watch else _run(lambda c, a: c.status(a.instance), _status, args))
+
+    follow = (
+        "follow the changes of a dataflow's materialized view, a source or a view: the contents at "
+        "--as-of, then every change in time order, one line per update (time, diff, row), until interrupted"
+    )
+    p = commands.add_parser("subscribe", parents=[common], help=follow, description=follow)
+    p.add_argument("instance", help="the instance of the dataflow (for a source or view: any, or -)")
+    p.add_argument("name")
+    p.add_argument("--as-of", type=int, metavar="T", help="start here (default: the latest complete time); to resume, the last progress seen")
+    p.add_argument("--up-to", type=int, metavar="T", help="end once every update before T is printed")
+    p.add_argument("--no-snapshot", action="store_true", help="only the changes after --as-of, not the contents at it")
+    p.add_argument("--progress", action="store_true", help="also print each progress: every update at or before it is printed")
+    p.set_defaults(run=_subscribe)
+
+    latest_events: Handler = lambda c, a: c.events(a.instance, limit=a.limit)
+    p = leaf(
+        commands,
+        "events",
+        "what happened to instances: replica failures and rehydrations, reconciliations, "
+        "divergences, slow replicas, dataflow errors, controllers taking over",
+        latest_events,
+        _events,
+    )
+    p.add_argument("--instance", help="only this instance's events")
+    p.add_argument("--limit", type=int, default=50, metavar="N", help="how many of the latest to show (default: %(default)s)")
+    p.add_argument("--follow", action="store_true", help="then print new events as they are recorded, until interrupted")
+    p.set_defaults(run=lambda args: _follow_events(args) if args.follow else _run(latest_events, _events, args))
     return parser
 
 
@@ -885,9 +1117,18 @@ def _add_read_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(handler: Handler, render: Callable[[Any], str], args: argparse.Namespace) -> None:
-    with Client(args.address) as client:
+    with Client(args.address, **_security(args)) as client:
         data = handler(client, args)
     print(json.dumps(data, indent=2, default=_json_value) if args.json else render(data))
+
+
+def _security(args: argparse.Namespace) -> dict[str, Any]:
+    """The client's token (from --token-file, else $TANDEM_TOKEN) and TLS files."""
+    try:
+        token = read_token(args.token_file) if args.token_file is not None else os.environ.get("TANDEM_TOKEN") or None
+    except (OSError, ValueError) as error:
+        raise TandemError(grpc.StatusCode.INVALID_ARGUMENT, f"--token-file: {error}") from None
+    return {"token": token, "tls_ca": args.tls_ca, "tls_cert": args.tls_client_cert, "tls_key": args.tls_client_key}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,6 +24,7 @@ import datetime as dt
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Self
 
 import grpc
@@ -34,15 +35,18 @@ from controller._api import (
     CollectionView,
     DataflowStatusView,
     DataflowView,
+    EventView,
     InstanceView,
     ReplicaView,
     SourceView,
+    SubscribeBatch,
 )
 from history import OrderBy, Predicate, Scalar
-from protocol import ProtocolError
+from protocol import ProtocolError, ipc_to_table
 from protocol import controller_codec as codec
 from protocol import controller_pb2 as pb
 from protocol import controller_pb2_grpc as pb_grpc
+from protocol.security import Tls, token_metadata
 
 DEFAULT_ADDRESS = "127.0.0.1:6875"
 DEFAULT_SIZE = "xsmall"
@@ -82,33 +86,66 @@ class Client:
     `Client.connect` waits until the controller is reachable. Close it, or use it as a
     context manager."""
 
-    def __init__(self, address: str = DEFAULT_ADDRESS, *, deadline: float = 120.0) -> None:
+    def __init__(
+        self,
+        address: str = DEFAULT_ADDRESS,
+        *,
+        deadline: float = 120.0,
+        token: str | None = None,
+        tls_ca: str | Path | None = None,
+        tls_cert: str | Path | None = None,
+        tls_key: str | Path | None = None,
+    ) -> None:
+        """`token`: the bearer token a controller run with `--auth-token-file` requires.
+        With `tls_ca` the channel is TLS, checking the controller's certificate against
+        that CA (PEM file); `tls_cert` and `tls_key` add a client certificate (for a
+        controller run with `--tls-client-ca`)."""
         self.address = address
         self._deadline = deadline
-        self._channel = grpc.insecure_channel(address, options=codec.CHANNEL_OPTIONS)
+        self._metadata = token_metadata(token)
+        if tls_ca is None and tls_cert is None:
+            self._channel = grpc.insecure_channel(address, options=codec.CHANNEL_OPTIONS)
+        else:
+            tls = Tls(_path(tls_cert), _path(tls_key), _path(tls_ca))
+            self._channel = grpc.secure_channel(address, tls.channel_credentials(), options=codec.CHANNEL_OPTIONS)
         self._stub = pb_grpc.ControllerStub(self._channel)
 
     @classmethod
     def connect(
-        cls, address: str = DEFAULT_ADDRESS, *, timeout: float = 10.0, deadline: float = 120.0
+        cls, address: str = DEFAULT_ADDRESS, *, timeout: float = 10.0, deadline: float = 120.0, **security: Any
     ) -> Client:
         """A client of a controller that answered; UNAVAILABLE after `timeout` seconds
-        without an answer."""
-        client = cls(address, deadline=deadline)
+        without an answer, with the last connection error when there is one (a refused
+        connection, a failed TLS handshake). `security`: `token`, `tls_ca`, `tls_cert`,
+        `tls_key` (see `Client`)."""
+        client = cls(address, deadline=deadline, **security)
         # A GetVersion that waits for the channel, rather than channel_ready_future: it
         # proves a controller answers, and leaves no polling thread that slows close().
         request = pb.GetVersionRequest()
         try:
-            client._stub.GetVersion(request, timeout=timeout, wait_for_ready=True)
+            client._stub.GetVersion(request, timeout=timeout, wait_for_ready=True, metadata=client._metadata)
         except grpc.RpcError as error:
-            client.close()
-            if error.code() is grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise TandemError(
-                    grpc.StatusCode.UNAVAILABLE,
-                    f"cannot reach the controller at {address} (no answer within {timeout:g} s)",
-                ) from None
-            raise client._error(error, "GetVersion", timeout) from None
+            try:
+                if error.code() is grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise TandemError(
+                        grpc.StatusCode.UNAVAILABLE,
+                        f"cannot reach the controller at {address} (no answer within {timeout:g} s){client._connection_error()}",
+                    ) from None
+                raise client._error(error, "GetVersion", timeout) from None
+            finally:
+                client.close()
         return client
+
+    def _connection_error(self) -> str:
+        """`: <why the channel does not connect>`, or "" when gRPC does not say. A call
+        that waits for the channel only ever times out; one that does not fails at once
+        with the last connection error, e.g. a TLS handshake that failed."""
+        try:
+            self._stub.GetVersion(pb.GetVersionRequest(), timeout=1.0, metadata=self._metadata)
+        except grpc.RpcError as error:
+            if error.code() is grpc.StatusCode.UNAVAILABLE:
+                return f": {error.details()}"
+        return ""
 
     def close(self) -> None:
         self._channel.close()
@@ -129,6 +166,8 @@ class Client:
         max_lag_ms: int | None = None,
         replica_timeout_ms: int | None = None,
         spark_conf: Mapping[str, str] | None = None,
+        max_hold_back_ms: int | None = None,
+        replace_slow: bool | None = None,
     ) -> InstanceView:
         response = self._call(
             "CreateInstance",
@@ -138,6 +177,8 @@ class Client:
             max_lag_ms=max_lag_ms,
             replica_timeout_ms=replica_timeout_ms,
             spark_conf=codec.string_map_to_proto(spark_conf),
+            max_hold_back_ms=max_hold_back_ms,
+            replace_slow=replace_slow,
         )
         return _instance(response)
 
@@ -348,6 +389,45 @@ class Client:
         response = self._call("Status", pb.StatusRequest, instance=instance)
         return [_instance(m) for m in response.instances]
 
+    def subscribe(
+        self,
+        instance: str | None,
+        name: str,
+        *,
+        as_of: int | None = None,
+        up_to: int | None = None,
+        snapshot: bool = True,
+        progress: bool = False,
+    ) -> Iterator[SubscribeBatch]:
+        """The change feed of `name`: a dataflow of `instance` with a materialized view,
+        or a source or materialized view (`instance` may then be None). First, with
+        `snapshot`, the contents at `as_of` (default: the latest complete time), all
+        diffs +1; then every change in time order, each time once. Each batch's
+        `progress` P promises every update at or before P was delivered: to resume a
+        lost stream, subscribe again with `as_of=P, snapshot=False`. With `up_to`, the
+        feed ends once every update before it is delivered; without, it runs until the
+        iterator is closed. `progress=True` also sends progress when nothing changed.
+
+        Refusals (NOT_FOUND, FAILED_PRECONDITION below the since, INVALID_ARGUMENT) are
+        raised by the first `next()`; a client too slow to read is dropped with
+        RESOURCE_EXHAUSTED naming where to resume."""
+        with _arguments():
+            request = pb.SubscribeRequest(instance=instance, name=name, as_of=as_of, up_to=up_to, snapshot=snapshot, progress=progress)
+        stream = self._stub.Subscribe(request, metadata=self._metadata)
+        try:
+            for message in stream:
+                yield SubscribeBatch(ipc_to_table(message.arrow_ipc), codec.optional_field(message, "progress"))
+        except grpc.RpcError as error:
+            raise self._error(error, "Subscribe", 0) from None
+        finally:
+            stream.cancel()
+
+    def events(self, instance: str | None = None, *, after: int | None = None, limit: int = 100) -> list[EventView]:
+        """Events oldest first, of `instance` or of all: those recorded after id `after`,
+        or (no `after`) the latest `limit`. Follow by passing the last id seen."""
+        response = self._call("ListEvents", pb.ListEventsRequest, instance=instance, after=after, limit=limit)
+        return [EventView(**codec.plain_fields(m)) for m in response.events]
+
     # --- Calls -------------------------------------------------------------------------
 
     def _call(
@@ -364,7 +444,7 @@ class Client:
         gets that plus a margin as its deadline, other calls the client's deadline."""
         timeout = self._deadline if wait_ms is None else wait_ms / 1000 + _MARGIN_S
         try:
-            return getattr(self._stub, method)(request, timeout=timeout)
+            return getattr(self._stub, method)(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as error:
             raise self._error(error, method, timeout) from None
 
@@ -489,6 +569,7 @@ def _instance(message: pb.InstanceView) -> InstanceView:
         replicas=tuple(_replica(m) for m in message.replicas),
         collections=tuple(CollectionView(**codec.plain_fields(m)) for m in message.collections),
         unavailable_dataflows=dict(sorted(message.unavailable_dataflows.items())),
+        events=tuple(message.events),
     )
 
 
@@ -509,3 +590,7 @@ def _result(message: pb.ReadResult) -> QueryResult:
         return QueryResult(*codec.read_result_from_proto(message))
     except ProtocolError as error:  # rows that are not Arrow IPC: a broken controller
         raise TandemError(grpc.StatusCode.INTERNAL, f"unreadable result: {error}") from None
+
+
+def _path(value: str | Path | None) -> Path | None:
+    return None if value is None else Path(value)

@@ -35,14 +35,15 @@ from catalog import (
     AlreadyExists,
     Catalog,
     CatalogError,
+    CollectionInfo,
     DataflowInfo,
     FailedPrecondition,
     Fenced,
     InvalidArgument,
+    NewEvent,
     NotFound,
     ReplicaInfo,
     default_url,
-    sink_holder,
 )
 from controller._api import (
     CollectionView,
@@ -50,17 +51,22 @@ from controller._api import (
     ControllerError,
     DataflowStatusView,
     DataflowView,
+    EventView,
     InstanceView,
     ReadResult,
     ReplicaView,
     SourceView,
 )
 from controller._driver import InstanceDriver
-from controller._instance import ComputeInstance, Effect, InstanceError, InstanceOptions, SinceAdvanced, StorageHold
+from controller._http import HttpListener
+from controller._metrics import ControllerMetrics
+from controller._instance import ComputeInstance, InstanceError, InstanceOptions, SinceAdvanced, StorageHold
 from controller._orchestrator import Orchestrator, size_of
 from controller._planner import Planner
+from controller._subscribe import FeedRequest, StorageFeed
 from controller._upkeep import StorageUpkeep, UpkeepOptions
-from history import DataflowStatus, Frontier, Import, IndexTarget, Peek, PeekCanceled, PeekRows, RowSetFinishing, SqlTarget
+from history import DataflowDescription, DataflowStatus, Frontier, Import, IndexTarget, Peek, PeekCanceled, PeekRows, RowSetFinishing, SqlTarget
+from protocol.security import ServerSecurity
 from replica_service._spark import standalone_masters
 from storage import Storage
 
@@ -82,24 +88,29 @@ _CATALOG_CODES: Mapping[type, str] = {
 
 async def _blocking(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run a blocking catalog or storage call on a worker thread; catalog refusals become
-    `ControllerError`s with the status that fits."""
+    `ControllerError`s with the status that fits (a fenced controller is UNAVAILABLE:
+    the client should go to the newer one)."""
     try:
         return await asyncio.to_thread(function, *args, **kwargs)
+    except Fenced as e:
+        raise ControllerError("UNAVAILABLE", str(e)) from None
     except CatalogError as e:
         code = next((c for kind, c in _CATALOG_CODES.items() if isinstance(e, kind)), "INTERNAL")
         raise ControllerError(code, str(e)) from None
 
 
-async def _every(interval_s: float, tick: Callable[[], Awaitable[None]], what: str) -> None:
-    """Run `tick` every `interval_s` seconds until cancelled. `Fenced` ends the loop (a
-    fenced controller must stop); any other error is logged and the next tick retries."""
+async def _every(interval_s: float, tick: Callable[[], Awaitable[None]], what: str, on_fenced: Callable[[Fenced], None]) -> None:
+    """Run `tick` every `interval_s` seconds until cancelled. `Fenced` ends the loop and
+    is reported to `on_fenced` (a fenced controller must stop); any other error is
+    logged and the next tick retries."""
     while True:
         await asyncio.sleep(interval_s)
         try:
             await tick()
-        except Fenced:
+        except Fenced as fenced:
             log.critical("fenced by a newer controller: stopping %s", what)
-            raise
+            on_fenced(fenced)
+            return
         except Exception:
             log.exception("%s failed", what)
 
@@ -115,6 +126,7 @@ class Controller:
         planner: Future[Planner],
         orchestrator: Orchestrator,
         upkeep: UpkeepOptions = UpkeepOptions(),
+        security: ServerSecurity = ServerSecurity(),
     ) -> None:
         self.catalog = catalog
         self.catalog_url = catalog_url
@@ -123,9 +135,15 @@ class Controller:
         self.orchestrator = orchestrator
         self.upkeep = StorageUpkeep(storage, upkeep)
         self.drivers: dict[str, InstanceDriver] = {}
+        self.security = security  # how replicas are reached (and managed ones secured)
         self._epoch = 0
         self._source_writes = asyncio.Lock()  # appends and the advancer move uppers in turn
         self._tasks: list[asyncio.Task] = []  # the background tasks, cancelled by stop()
+        self.metrics = ControllerMetrics(self)
+        self.http = HttpListener(self)
+        # Set once this controller learns a newer one took the catalog: it must stop.
+        self.fenced: Fenced | None = None
+        self.fenced_event = asyncio.Event()
 
     # --- Life cycle -----------------------------------------------------------------------
 
@@ -137,10 +155,13 @@ class Controller:
         *,
         blob_uri: str | None = None,
         upkeep: UpkeepOptions = UpkeepOptions(),
+        security: ServerSecurity = ServerSecurity(),
     ) -> Controller:
         """Start a controller on `data_dir`: the catalog at `catalog_url` (default: SQLite
         in `data_dir`), batch files at `blob_uri` (default: `data_dir/blobs`). An
-        unusable blob location is INVALID_ARGUMENT, naming it, before anything runs."""
+        unusable blob location is INVALID_ARGUMENT, naming it, before anything runs.
+        `security` is the controller's own (TLS, token): it reaches replicas with it, and
+        the replicas it spawns serve with it."""
         data_dir = Path(data_dir).resolve()
         data_dir.mkdir(parents=True, exist_ok=True)
         url = catalog_url or default_url(data_dir)
@@ -151,8 +172,8 @@ class Controller:
             catalog.close()
             raise
         planner = await asyncio.to_thread(Planner.launch, data_dir / "planner")  # before any gRPC thread
-        orchestrator = Orchestrator(catalog, url, storage.blob_uri, data_dir)
-        controller = cls(catalog, url, storage, planner, orchestrator, upkeep)
+        orchestrator = Orchestrator(catalog, url, storage.blob_uri, data_dir, security.argv())
+        controller = cls(catalog, url, storage, planner, orchestrator, upkeep, security)
         controller._epoch = await _blocking(catalog.become_controller)
         log.info("controller epoch %d on %s; batch files at %s", controller._epoch, url, storage.blob_uri)
         await controller._recover()
@@ -161,14 +182,20 @@ class Controller:
 
     def _start_tasks(self) -> None:
         loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(_every(ADVANCE_INTERVAL_S, self._advance_sources, "advancing sources")))
+        self._tasks.append(loop.create_task(_every(ADVANCE_INTERVAL_S, self._advance_sources, "advancing sources", self._learn_fenced)))
         interval_s = self.upkeep.options.interval_ms / 1000
-        self._tasks.append(loop.create_task(_every(interval_s, self._upkeep_storage, "storage upkeep")))
+        self._tasks.append(loop.create_task(_every(interval_s, self._upkeep_storage, "storage upkeep", self._learn_fenced)))
+
+    def _learn_fenced(self, error: Fenced) -> None:
+        if self.fenced is None:
+            self.fenced = error
+            self.fenced_event.set()
 
     async def stop(self) -> None:
         """Stop driving; replica processes keep running (a restart reconciles with them)."""
         for task in self._tasks:
             task.cancel()
+        await asyncio.to_thread(self.http.close)  # a request in flight may need this loop
         for driver in self.drivers.values():
             await driver.stop()
         try:
@@ -198,22 +225,39 @@ class Controller:
                     await driver.call(
                         lambda instance, desc=desc, window=window, sinces=sinces: instance.create_dataflow(desc, window, sinces)
                     )
-            for replica in await _blocking(self.catalog.list_replicas, info.name):
+            replicas = await _blocking(self.catalog.list_replicas, info.name)
+            for replica in replicas:
                 await driver.call(lambda instance, name=replica.name: instance.add_replica(name))
+            took_over = f"controller epoch {self._epoch} recovered the instance: {len(commands)} commands, {len(replicas)} replicas"
+            await driver.call(lambda instance: instance.note("took_over", took_over))
             log.info("recovered instance %s: %d commands", info.name, len(commands))
 
     def _new_driver(self, name: str) -> InstanceDriver:
         info = self.catalog.get_instance(name)
         instance = ComputeInstance(
             info.config,
-            InstanceOptions(info.min_in_sync, info.max_lag_ms, info.replica_timeout_ms),
+            InstanceOptions(
+                info.min_in_sync,
+                info.max_lag_ms,
+                info.replica_timeout_ms,
+                max_hold_back_ms=info.max_hold_back_ms,
+                replace_slow=info.replace_slow,
+            ),
             info.parameters,
+            now_ms=int(time.time() * 1000),
         )
         driver = InstanceDriver(
             instance,
             self._epoch,
             resolve_address=lambda replica, attempt: self._replica_address(name, replica, attempt),
             durable=self._record,
+            on_fenced=self._learn_fenced,
+            security=self.security,
+            recompute=lambda desc, time: self._recompute_digest(name, desc, time),
+            on_status=lambda replica, response: self.metrics.observe_status(name, replica, response),
+            record_events=lambda events: self.catalog.record_events(
+                [NewEvent(e.at_ms, name, e.kind, e.message, e.replica) for e in events]
+            ),
         )
         self.drivers[name] = driver
         driver.start()
@@ -239,32 +283,26 @@ class Controller:
             return True
         return False
 
+    async def _recompute_digest(self, instance: str, desc: DataflowDescription, time: int) -> str:
+        """The digest of `desc`'s index version at `time`, recomputed from storage on the
+        planner's Spark (see `Planner.recompute_digest`)."""
+        if any(source.kind != "storage" for source in desc.imports):
+            raise ControllerError("FAILED_PRECONDITION", f"dataflow {desc.name} imports an index, which only replicas hold")
+        if not desc.index_exports:
+            raise ControllerError("FAILED_PRECONDITION", f"dataflow {desc.name} has no index")
+        conf = self.drivers[instance].instance.config.conf()
+        return await self._plan(lambda planner: planner.recompute_digest(desc, time, self.storage, conf))
+
     def _launch_conf(self, instance: str) -> dict[str, str]:
         conf = self.drivers[instance].instance.config.conf()
         return {k: v for k, v in conf.items() if k == "spark.default.parallelism"}
 
-    def _record(self, effect: Effect) -> None:
-        """Make a hold or since durable (blocking; on the driver's serial worker)."""
-        if isinstance(effect, StorageHold):
-            self._hold(effect.id, effect.holder, effect.frontier)
-        elif isinstance(effect, SinceAdvanced) and not effect.since.is_empty:
-            info = self.catalog.get_collection(effect.id)
-            if info.dropped:
-                return
-            if info.namespace == "compute":
-                self.catalog.record_frontiers(effect.id, since=effect.since)
-            else:  # a materialized view: its compute since holds its storage collection
-                self._hold(effect.id, sink_holder(info.dataflow_id), effect.since)
-
-    def _hold(self, id: str, holder: str, frontier: Frontier) -> None:
-        try:
-            if frontier.is_empty:
-                self.storage.release_read_hold(id, holder)
-            else:
-                self.storage.downgrade_read_hold(id, holder, frontier)
-        except NotFound:
-            if not frontier.is_empty:
-                self.storage.acquire_read_hold(id, holder, frontier)
+    def _record(self, effects: Sequence[StorageHold | SinceAdvanced]) -> None:
+        """Make holds and sinces durable, all in one transaction (blocking; on the
+        driver's serial worker): see `Catalog.record_compute_frontiers`."""
+        sinces = {e.id: e.since for e in effects if isinstance(e, SinceAdvanced)}
+        holds = [(e.id, e.holder, e.frontier) for e in effects if isinstance(e, StorageHold)]
+        self.catalog.record_compute_frontiers(sinces, holds)
 
     @property
     def epoch(self) -> int:
@@ -278,8 +316,16 @@ class Controller:
 
     # --- Instances ------------------------------------------------------------------------
 
-    async def create_instance(self, name, *, min_in_sync=1, max_lag_ms=None, replica_timeout_ms=None, spark_conf=None) -> InstanceView:
-        options = {k: v for k, v in (("max_lag_ms", max_lag_ms), ("replica_timeout_ms", replica_timeout_ms)) if v is not None}
+    async def create_instance(
+        self, name, *, min_in_sync=1, max_lag_ms=None, replica_timeout_ms=None, spark_conf=None, max_hold_back_ms=None, replace_slow=None
+    ) -> InstanceView:
+        given = (
+            ("max_lag_ms", max_lag_ms),
+            ("replica_timeout_ms", replica_timeout_ms),
+            ("max_hold_back_ms", max_hold_back_ms),
+            ("replace_slow", replace_slow),
+        )
+        options = {k: v for k, v in given if v is not None}
         await _blocking(self.catalog.create_instance, name, spark_conf=spark_conf, min_in_sync=min_in_sync, **options)
         self._new_driver(name)
         return (await self.status(name))[0]
@@ -338,7 +384,8 @@ class Controller:
             except ControllerError:
                 await _blocking(self.catalog.drop_replica, instance, name)
                 raise
-        await driver.call(lambda inst: inst.add_replica(name))
+        added = f"replica {name} added: size {size}, master {spark_master}" + (f", at {address}" if address else "")
+        await driver.call(lambda inst: inst.add_replica(name) + inst.note("replica_added", added, name))
         if wait:
             try:
                 # Strictly: where no replica is hydrated yet, no dataflow is served, and a
@@ -355,10 +402,13 @@ class Controller:
 
     async def drop_replica(self, instance: str, name: str, *, force: bool = False) -> None:
         driver = self._driver(instance)
-        await driver.call(lambda inst: ([], inst.check_drop_replica(name, force=force)))
-        info = await _blocking(self.catalog.get_replica, instance, name)
-        await _blocking(self.catalog.drop_replica, instance, name)
-        await driver.call(lambda inst: inst.drop_replica(name, force=True))
+        # The check holds only if no other drop runs between it and the drop itself.
+        async with driver.ddl:
+            await driver.call(lambda inst: ([], inst.check_drop_replica(name, force=force)))
+            info = await _blocking(self.catalog.get_replica, instance, name)
+            await _blocking(self.catalog.drop_replica, instance, name)
+            dropped = f"replica {name} dropped" + (" (forced)" if force else "")
+            await driver.call(lambda inst: inst.drop_replica(name, force=True) + inst.note("replica_dropped", dropped, name))
         self.orchestrator.stop(info)
 
     async def resize(self, instance: str, size: str, *, timeout_ms: int = 600_000) -> list[ReplicaView]:
@@ -409,6 +459,56 @@ class Controller:
         collections = await _blocking(self.catalog.list_collections)
         return [_source_view(c) for c in collections if c.kind == "source"]
 
+    # --- Subscriptions ----------------------------------------------------------------------
+
+    async def subscribe(
+        self,
+        instance: str | None,
+        name: str,
+        *,
+        as_of: int | None = None,
+        up_to: int | None = None,
+        snapshot: bool = True,
+        progress: bool = False,
+    ) -> StorageFeed:
+        """The open feed of `name`: a dataflow of `instance` with a materialized view (its
+        view), or a source or materialized view. Checked before anything opens: an
+        unknown name is NOT_FOUND, `as_of` below the since FAILED_PRECONDITION naming
+        it, `up_to` not after `as_of` INVALID_ARGUMENT. The caller closes the feed."""
+        collection = await self._feed_collection(instance, name)
+        since = collection.since.time
+        if as_of is None:
+            upper = collection.upper
+            as_of = since if upper.is_empty else max(since, upper.time - 1)
+        elif as_of < 0:
+            raise ControllerError("INVALID_ARGUMENT", f"as_of must be a time (a non-negative int), not {as_of}")
+        elif as_of < since:
+            raise ControllerError(
+                "FAILED_PRECONDITION", f"cannot subscribe to {name} as of {as_of}: its since is {since} (times before it were compacted away)"
+            )
+        if up_to is not None and up_to <= as_of:
+            raise ControllerError("INVALID_ARGUMENT", f"up_to ({up_to}) must be after as_of ({as_of})")
+        feed = StorageFeed(self.storage, FeedRequest(collection.id, name, as_of, up_to, snapshot, progress))
+        await _blocking(feed.hold)
+        return feed.start()
+
+    async def _feed_collection(self, instance: str | None, name: str) -> CollectionInfo:
+        if instance is not None:
+            self._driver(instance)  # NOT_FOUND for an unknown instance
+            try:
+                dataflow = await asyncio.to_thread(self.catalog.dataflow_by_name, instance, name)
+            except NotFound:
+                dataflow = None
+            if dataflow is not None:
+                if dataflow.sink_id is None:
+                    raise ControllerError(
+                        "UNIMPLEMENTED",
+                        f"dataflow {name} has no materialized view, and feeds of an index alone are not built yet: "
+                        f"create it with --materialize to subscribe to it",
+                    )
+                return await _blocking(self.catalog.get_collection, dataflow.sink_id)
+        return await _blocking(self.catalog.collection_by_name, name)
+
     async def _advance_sources(self) -> None:
         """One tick of the advancer: move every idle source's upper to now, so dataflows
         over idle inputs keep making progress."""
@@ -416,6 +516,8 @@ class Controller:
             await asyncio.to_thread(self._advance_once)
 
     def _advance_once(self) -> None:
+        # Also how an idle controller learns, within a tick, that it was fenced.
+        self.catalog.check_epoch()
         sources = [c for c in self.catalog.list_collections() if c.kind == "source"]
         if not sources:
             return
@@ -451,31 +553,41 @@ class Controller:
             key = index_key
             index_key = await self._plan(lambda planner: planner.check_index_key(planned, key))
         recorded = _strategy(name, strategy, planned.not_incremental)
-        # The inputs' frontiers are read after planning, which takes a while: by then a
-        # since read before could have moved past the as_of chosen from it.
-        imports, as_of, latest = [], Frontier.minimum(), Frontier.empty()
-        for table in tables:
-            source, _, since, upper = await self._resolve(driver, table)
-            imports.append(source)
-            as_of, latest = as_of.join(since), latest.meet(upper)
-        # Start at the latest time every input can serve, not at an old since: each
-        # input change between the two would otherwise be one more Spark step.
-        as_of = as_of.join(latest.step_back()) if not latest.is_empty else as_of
-        info = await _blocking(
-            self.catalog.create_dataflow,
-            instance,
-            name,
-            sql=sql,
-            imports=imports,
-            schema=planned.schema,
-            as_of=as_of,
-            index_key=index_key,
-            materialized=materialize,
-            compaction_window_ms=compaction_window_ms,
-            strategy=recorded,
-        )
-        desc = info.description()
-        await driver.call(lambda inst: inst.create_dataflow(desc, compaction_window_ms))
+        async with driver.ddl:
+            # The inputs' frontiers are read after planning, which takes a while: by then
+            # a since read before could have moved past the as_of chosen from it.
+            imports, as_of, latest = [], Frontier.minimum(), Frontier.empty()
+            for table in tables:
+                source, _, since, upper = await self._resolve(driver, table)
+                imports.append(source)
+                as_of, latest = as_of.join(since), latest.meet(upper)
+            # Start at the latest time every input can serve, not at an old since: each
+            # input change between the two would otherwise be one more Spark step.
+            as_of = as_of.join(latest.step_back()) if not latest.is_empty else as_of
+            # Nothing may be recorded that the instance then refuses: the imported
+            # indexes are held at as_of until the instance holds them itself, and the
+            # catalog holds the storage imports in the same transaction as the record.
+            token = uuid.uuid4().hex
+            indexes = [source.id for source in imports if source.kind == "index"]
+            as_of = await driver.call(lambda inst: ([], inst.reserve(token, indexes, as_of)))
+            try:
+                info = await _blocking(
+                    self.catalog.create_dataflow,
+                    instance,
+                    name,
+                    sql=sql,
+                    imports=imports,
+                    schema=planned.schema,
+                    as_of=as_of,
+                    index_key=index_key,
+                    materialized=materialize,
+                    compaction_window_ms=compaction_window_ms,
+                    strategy=recorded,
+                )
+                desc = info.description()
+                await driver.call(lambda inst: inst.create_dataflow(desc, compaction_window_ms))
+            finally:
+                driver.post(lambda inst: inst.release_reservation(token))
         return _dataflow_view(info, driver)
 
     async def _resolve(self, driver: InstanceDriver, table: str) -> tuple[Import, str, Frontier, Frontier]:
@@ -493,10 +605,11 @@ class Controller:
 
     async def drop_dataflow(self, instance: str, name: str) -> None:
         driver = self._driver(instance)
-        info = await _blocking(self.catalog.dataflow_by_name, instance, name)
-        await driver.call(lambda inst: ([], inst.check_drop_dataflow(info.export_ids[0])))
-        await _blocking(self.catalog.drop_dataflow, info.id)
-        await driver.call(lambda inst: inst.drop_dataflow(info.export_ids[0]))
+        async with driver.ddl:
+            info = await _blocking(self.catalog.dataflow_by_name, instance, name)
+            await driver.call(lambda inst: ([], inst.check_drop_dataflow(info.export_ids[0])))
+            await _blocking(self.catalog.drop_dataflow, info.id)
+            await driver.call(lambda inst: inst.drop_dataflow(info.export_ids[0]))
 
     async def list_dataflows(self, instance: str | None = None) -> list[DataflowView]:
         if instance is not None:
@@ -569,14 +682,18 @@ class Controller:
                 raise
 
         chosen = await driver.call(issue)
+        started = time.monotonic()
         try:
             result, replica = await asyncio.wait_for(asyncio.shield(waiter), timeout_ms / 1000)
         except asyncio.TimeoutError:
             driver.post(lambda inst: inst.cancel_peek(peek_id, f"no replica answered within {timeout_ms} ms"))
+            self.metrics.observe_peek(driver.name, None, "timeout", time.monotonic() - started)
             raise ControllerError(
                 "DEADLINE_EXCEEDED",
                 f"no replica answered the read at {chosen} within {timeout_ms} ms (instance {driver.name!r} is {driver.instance.state()})",
             ) from None
+        outcome = {PeekRows: "rows", PeekCanceled: "canceled"}.get(type(result), "error")
+        self.metrics.observe_peek(driver.name, replica, outcome, time.monotonic() - started)
         if isinstance(result, PeekRows):
             return ReadResult(result.arrow_ipc, chosen, replica)
         if isinstance(result, PeekCanceled):
@@ -594,6 +711,16 @@ class Controller:
             dataflows = await _blocking(self.catalog.list_dataflows, name)
             views.append(_instance_view(driver, replicas, dataflows))
         return views
+
+
+    async def events(self, instance: str | None = None, *, after: int | None = None, limit: int = 100) -> list[EventView]:
+        try:
+            found = await _blocking(self.catalog.list_events, instance, after=after, limit=limit)
+        except InvalidArgument as e:
+            raise ControllerError("INVALID_ARGUMENT", str(e)) from None
+        if instance is not None and instance not in self.drivers and not found and after is None:
+            raise ControllerError("NOT_FOUND", f"no instance {instance!r}, and none left events")
+        return [EventView(e.id, e.at_ms, e.instance, e.kind, e.replica, e.message) for e in found]
 
 
 STRATEGIES = ("auto", "incremental", "recompute")
@@ -668,7 +795,16 @@ def _source_view(info) -> SourceView:
 
 
 def _status_view(status: DataflowStatus) -> DataflowStatusView:
-    return DataflowStatusView(status.hydrated, status.error, status.digest, status.last_step_ms, status.rows_changed, status.steps)
+    return DataflowStatusView(
+        status.hydrated,
+        status.error,
+        status.digest,
+        status.last_step_ms,
+        status.rows_changed,
+        status.steps,
+        status.hydration_tasks_done,
+        status.hydration_tasks_total,
+    )
 
 
 def _dataflow_view(info: DataflowInfo, driver: InstanceDriver | None) -> DataflowView:
@@ -722,6 +858,10 @@ def _instance_view(driver: InstanceDriver, replicas: Mapping[str, ReplicaInfo], 
                 consecutive_failures=state.consecutive_failures,
                 last_failure=state.last_failure or None,
                 next_retry_ms=state.retry_at_ms if state.phase == "failed" else None,
+                wallclock_lag_ms=health.wallclock_lag_ms,
+                diverged=state.diverged,
+                slow=health.slow,
+                metrics_address=(status.metrics_address or None) if status else None,
             )
         )
     return InstanceView(
@@ -730,14 +870,19 @@ def _instance_view(driver: InstanceDriver, replicas: Mapping[str, ReplicaInfo], 
         min_in_sync=instance.options.min_in_sync,
         max_lag_ms=instance.options.max_lag_ms,
         replica_timeout_ms=instance.options.replica_timeout_ms,
+        max_hold_back_ms=instance.options.max_hold_back_ms,
+        replace_slow=instance.options.replace_slow,
         history_length=len(instance.history),
         history_reductions=instance.history.reductions,
         commands_pushed=instance.history.pushed,
         replicas=tuple(replica_views),
         collections=tuple(
-            CollectionView(id, names.get(id, id), _time(c.since), _time(c.write_frontier)) for id, c in instance.collections.items()
+            CollectionView(id, names.get(id, id), _time(c.since), _time(c.write_frontier), instance.wallclock_lag_ms(c.write_frontier))
+            for id, c in instance.collections.items()
         ),
         unavailable_dataflows=dict(sorted(instance.unavailable_dataflows().items())),
+        divergences=instance.divergences,
+        events=tuple(f"{e.at_ms} {e.kind}: {e.message}" for e in instance.events),
     )
 
 
@@ -750,10 +895,13 @@ async def serve(
     retention_ms: int | None = None,
     gc_grace_ms: int | None = None,
     upkeep_interval_ms: int | None = None,
+    security: ServerSecurity = ServerSecurity(),
+    http_listen: str | None = "127.0.0.1:6876",
 ) -> None:
     """Run a controller until SIGTERM or SIGINT (`tandem serve`); logs go to stderr. An
     option left None keeps its default (`Controller.start`, `UpkeepOptions`). A bad
-    option or blob location raises `ControllerError` before anything runs."""
+    option or blob location raises `ControllerError` before anything runs.
+    `http_listen` serves the status page, `/api/status` and `/metrics` (None: none)."""
     from controller._service import ControllerServer
 
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s controller %(levelname)s %(name)s: %(message)s")
@@ -763,14 +911,28 @@ async def serve(
         upkeep = UpkeepOptions(**{name: value for name, value in given.items() if value is not None})
     except InvalidArgument as error:
         raise ControllerError("INVALID_ARGUMENT", str(error)) from None
-    controller = await Controller.start(data_dir, catalog_url, blob_uri=blob_uri, upkeep=upkeep)
-    server = ControllerServer(controller, listen)
+    controller = await Controller.start(data_dir, catalog_url, blob_uri=blob_uri, upkeep=upkeep, security=security)
+    server = ControllerServer(controller, listen, security)
     await server.start()
-    print(f"tandem controller (epoch {controller.epoch}) listening on {server.address}", flush=True)
+    http = ""
+    if http_listen is not None:
+        try:
+            address = controller.http.start(http_listen)
+            http = f"; status page on http://{address}/, metrics on http://{address}/metrics"
+        except (OSError, ValueError) as error:
+            await server.stop(0)
+            await controller.stop()
+            raise ControllerError("INVALID_ARGUMENT", f"cannot serve HTTP on {http_listen}: {error}") from None
+    print(f"tandem controller (epoch {controller.epoch}) listening on {server.address}{http}", flush=True)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
+    fenced = asyncio.ensure_future(controller.fenced_event.wait())
+    fenced.add_done_callback(lambda _: stopping.set())
     await stopping.wait()
+    fenced.cancel()
     await server.stop(2)
     await controller.stop()
+    if controller.fenced is not None:  # its replicas and catalog belong to the newer controller now
+        raise ControllerError("UNAVAILABLE", str(controller.fenced))

@@ -61,7 +61,6 @@ class ComputeParameters:
     max_result_rows: int | None = None
     heartbeat_interval_ms: int | None = None
     input_poll_interval_ms: int | None = None
-    arrangement_max_versions: int | None = None
 
     def update(self, newer: ComputeParameters) -> ComputeParameters:
         return ComputeParameters(

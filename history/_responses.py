@@ -63,7 +63,13 @@ class DataflowStatus:
 
     `last_step_ms` and `rows_changed` describe the latest step (the time it took, and
     the rows its output changed by: insertions plus retractions); `steps` counts the
-    versions computed since the dataflow was built on this replica.
+    versions computed since the dataflow was built on this replica. `digest` is the
+    digest of its latest index version and `digest_time` that version's time (None
+    before the first): correct replicas report equal digests for equal times.
+
+    While it hydrates, `hydration_tasks_done` of `hydration_tasks_total` are the Spark
+    tasks of its first step's jobs so far (the total grows as the step starts more
+    jobs); both 0 when not known or once hydrated.
     """
 
     id: str
@@ -73,6 +79,9 @@ class DataflowStatus:
     last_step_ms: int = 0
     rows_changed: int = 0
     steps: int = 0
+    digest_time: int | None = None
+    hydration_tasks_done: int = 0
+    hydration_tasks_total: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +104,7 @@ class StatusResponse:
     dataflows_built: int = 0
     pid: int = 0
     errors: tuple[str, ...] = ()
+    metrics_address: str = ""  # where the replica serves /metrics ("" when it does not)
 
 
 ComputeResponse = Union[FrontiersResponse, PeekResponse, StatusResponse]

@@ -460,6 +460,9 @@ def _status_to_proto(status: h.StatusResponse) -> pb.StatusResponse:
                 last_step_ms=d.last_step_ms,
                 rows_changed=d.rows_changed,
                 steps=d.steps,
+                digest_time=d.digest_time,
+                hydration_tasks_done=d.hydration_tasks_done,
+                hydration_tasks_total=d.hydration_tasks_total,
             )
             for d in status.dataflows
         ],
@@ -467,6 +470,7 @@ def _status_to_proto(status: h.StatusResponse) -> pb.StatusResponse:
         dataflows_built=status.dataflows_built,
         pid=status.pid,
         errors=status.errors,
+        metrics_address=status.metrics_address,
     )
 
 
@@ -475,7 +479,16 @@ def _status_from_proto(message: pb.StatusResponse) -> h.StatusResponse:
         heartbeat=message.heartbeat,
         dataflows=tuple(
             h.DataflowStatus(
-                d.id, d.hydrated, _optional(d, "error"), d.digest, d.last_step_ms, d.rows_changed, d.steps
+                d.id,
+                d.hydrated,
+                _optional(d, "error"),
+                d.digest,
+                d.last_step_ms,
+                d.rows_changed,
+                d.steps,
+                _optional(d, "digest_time"),
+                d.hydration_tasks_done,
+                d.hydration_tasks_total,
             )
             for d in message.dataflows
         ),
@@ -483,6 +496,7 @@ def _status_from_proto(message: pb.StatusResponse) -> h.StatusResponse:
         dataflows_built=message.dataflows_built,
         pid=message.pid,
         errors=tuple(message.errors),
+        metrics_address=message.metrics_address,
     )
 
 

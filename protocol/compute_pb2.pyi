@@ -111,16 +111,14 @@ class InstanceConfig(_message.Message):
     def __init__(self, name: _Optional[str] = ..., spark_conf: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ComputeParameters(_message.Message):
-    __slots__ = ("max_result_rows", "heartbeat_interval_ms", "input_poll_interval_ms", "arrangement_max_versions")
+    __slots__ = ("max_result_rows", "heartbeat_interval_ms", "input_poll_interval_ms")
     MAX_RESULT_ROWS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     INPUT_POLL_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
-    ARRANGEMENT_MAX_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     max_result_rows: int
     heartbeat_interval_ms: int
     input_poll_interval_ms: int
-    arrangement_max_versions: int
-    def __init__(self, max_result_rows: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., input_poll_interval_ms: _Optional[int] = ..., arrangement_max_versions: _Optional[int] = ...) -> None: ...
+    def __init__(self, max_result_rows: _Optional[int] = ..., heartbeat_interval_ms: _Optional[int] = ..., input_poll_interval_ms: _Optional[int] = ...) -> None: ...
 
 class Import(_message.Message):
     __slots__ = ("name", "id", "kind")
@@ -359,7 +357,7 @@ class PeekResponse(_message.Message):
     def __init__(self, uuid: _Optional[str] = ..., rows: _Optional[_Union[PeekRows, _Mapping]] = ..., error: _Optional[_Union[PeekError, _Mapping]] = ..., canceled: _Optional[_Union[PeekCanceled, _Mapping]] = ...) -> None: ...
 
 class DataflowStatus(_message.Message):
-    __slots__ = ("id", "hydrated", "error", "digest", "last_step_ms", "rows_changed", "steps")
+    __slots__ = ("id", "hydrated", "error", "digest", "last_step_ms", "rows_changed", "steps", "digest_time", "hydration_tasks_done", "hydration_tasks_total")
     ID_FIELD_NUMBER: _ClassVar[int]
     HYDRATED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -367,6 +365,9 @@ class DataflowStatus(_message.Message):
     LAST_STEP_MS_FIELD_NUMBER: _ClassVar[int]
     ROWS_CHANGED_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_TIME_FIELD_NUMBER: _ClassVar[int]
+    HYDRATION_TASKS_DONE_FIELD_NUMBER: _ClassVar[int]
+    HYDRATION_TASKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     id: str
     hydrated: bool
     error: str
@@ -374,23 +375,28 @@ class DataflowStatus(_message.Message):
     last_step_ms: int
     rows_changed: int
     steps: int
-    def __init__(self, id: _Optional[str] = ..., hydrated: _Optional[bool] = ..., error: _Optional[str] = ..., digest: _Optional[str] = ..., last_step_ms: _Optional[int] = ..., rows_changed: _Optional[int] = ..., steps: _Optional[int] = ...) -> None: ...
+    digest_time: int
+    hydration_tasks_done: int
+    hydration_tasks_total: int
+    def __init__(self, id: _Optional[str] = ..., hydrated: _Optional[bool] = ..., error: _Optional[str] = ..., digest: _Optional[str] = ..., last_step_ms: _Optional[int] = ..., rows_changed: _Optional[int] = ..., steps: _Optional[int] = ..., digest_time: _Optional[int] = ..., hydration_tasks_done: _Optional[int] = ..., hydration_tasks_total: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("heartbeat", "dataflows", "dataflows_kept", "dataflows_built", "pid", "errors")
+    __slots__ = ("heartbeat", "dataflows", "dataflows_kept", "dataflows_built", "pid", "errors", "metrics_address")
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     DATAFLOWS_FIELD_NUMBER: _ClassVar[int]
     DATAFLOWS_KEPT_FIELD_NUMBER: _ClassVar[int]
     DATAFLOWS_BUILT_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     ERRORS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     heartbeat: int
     dataflows: _containers.RepeatedCompositeFieldContainer[DataflowStatus]
     dataflows_kept: int
     dataflows_built: int
     pid: int
     errors: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, heartbeat: _Optional[int] = ..., dataflows: _Optional[_Iterable[_Union[DataflowStatus, _Mapping]]] = ..., dataflows_kept: _Optional[int] = ..., dataflows_built: _Optional[int] = ..., pid: _Optional[int] = ..., errors: _Optional[_Iterable[str]] = ...) -> None: ...
+    metrics_address: str
+    def __init__(self, heartbeat: _Optional[int] = ..., dataflows: _Optional[_Iterable[_Union[DataflowStatus, _Mapping]]] = ..., dataflows_kept: _Optional[int] = ..., dataflows_built: _Optional[int] = ..., pid: _Optional[int] = ..., errors: _Optional[_Iterable[str]] = ..., metrics_address: _Optional[str] = ...) -> None: ...
 
 class Refusal(_message.Message):
     __slots__ = ("code", "message")

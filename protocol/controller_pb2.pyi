@@ -43,35 +43,41 @@ class StringMap(_message.Message):
     def __init__(self, entries: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class CollectionView(_message.Message):
-    __slots__ = ("id", "name", "since", "write_frontier")
+    __slots__ = ("id", "name", "since", "write_frontier", "wallclock_lag_ms")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     SINCE_FIELD_NUMBER: _ClassVar[int]
     WRITE_FRONTIER_FIELD_NUMBER: _ClassVar[int]
+    WALLCLOCK_LAG_MS_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     since: int
     write_frontier: int
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., since: _Optional[int] = ..., write_frontier: _Optional[int] = ...) -> None: ...
+    wallclock_lag_ms: int
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., since: _Optional[int] = ..., write_frontier: _Optional[int] = ..., wallclock_lag_ms: _Optional[int] = ...) -> None: ...
 
 class DataflowStatusView(_message.Message):
-    __slots__ = ("hydrated", "error", "digest", "last_step_ms", "rows_changed", "steps")
+    __slots__ = ("hydrated", "error", "digest", "last_step_ms", "rows_changed", "steps", "hydration_tasks_done", "hydration_tasks_total")
     HYDRATED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     LAST_STEP_MS_FIELD_NUMBER: _ClassVar[int]
     ROWS_CHANGED_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
+    HYDRATION_TASKS_DONE_FIELD_NUMBER: _ClassVar[int]
+    HYDRATION_TASKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     hydrated: bool
     error: str
     digest: str
     last_step_ms: int
     rows_changed: int
     steps: int
-    def __init__(self, hydrated: _Optional[bool] = ..., error: _Optional[str] = ..., digest: _Optional[str] = ..., last_step_ms: _Optional[int] = ..., rows_changed: _Optional[int] = ..., steps: _Optional[int] = ...) -> None: ...
+    hydration_tasks_done: int
+    hydration_tasks_total: int
+    def __init__(self, hydrated: _Optional[bool] = ..., error: _Optional[str] = ..., digest: _Optional[str] = ..., last_step_ms: _Optional[int] = ..., rows_changed: _Optional[int] = ..., steps: _Optional[int] = ..., hydration_tasks_done: _Optional[int] = ..., hydration_tasks_total: _Optional[int] = ...) -> None: ...
 
 class ReplicaView(_message.Message):
-    __slots__ = ("name", "size", "spark_master", "address", "managed", "state", "epoch", "pid", "in_sync", "hydrated", "lag_ms", "peeks_won", "dataflows_kept", "dataflows_built", "resumes", "replays", "errors", "dataflows", "consecutive_failures", "last_failure", "next_retry_ms")
+    __slots__ = ("name", "size", "spark_master", "address", "managed", "state", "epoch", "pid", "in_sync", "hydrated", "lag_ms", "peeks_won", "dataflows_kept", "dataflows_built", "resumes", "replays", "errors", "dataflows", "consecutive_failures", "last_failure", "next_retry_ms", "wallclock_lag_ms", "diverged", "slow", "metrics_address")
     class DataflowsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +106,10 @@ class ReplicaView(_message.Message):
     CONSECUTIVE_FAILURES_FIELD_NUMBER: _ClassVar[int]
     LAST_FAILURE_FIELD_NUMBER: _ClassVar[int]
     NEXT_RETRY_MS_FIELD_NUMBER: _ClassVar[int]
+    WALLCLOCK_LAG_MS_FIELD_NUMBER: _ClassVar[int]
+    DIVERGED_FIELD_NUMBER: _ClassVar[int]
+    SLOW_FIELD_NUMBER: _ClassVar[int]
+    METRICS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     name: str
     size: str
     spark_master: str
@@ -121,10 +131,14 @@ class ReplicaView(_message.Message):
     consecutive_failures: int
     last_failure: str
     next_retry_ms: int
-    def __init__(self, name: _Optional[str] = ..., size: _Optional[str] = ..., spark_master: _Optional[str] = ..., address: _Optional[str] = ..., managed: _Optional[bool] = ..., state: _Optional[str] = ..., epoch: _Optional[int] = ..., pid: _Optional[int] = ..., in_sync: _Optional[bool] = ..., hydrated: _Optional[bool] = ..., lag_ms: _Optional[int] = ..., peeks_won: _Optional[int] = ..., dataflows_kept: _Optional[int] = ..., dataflows_built: _Optional[int] = ..., resumes: _Optional[int] = ..., replays: _Optional[int] = ..., errors: _Optional[_Iterable[str]] = ..., dataflows: _Optional[_Mapping[str, DataflowStatusView]] = ..., consecutive_failures: _Optional[int] = ..., last_failure: _Optional[str] = ..., next_retry_ms: _Optional[int] = ...) -> None: ...
+    wallclock_lag_ms: int
+    diverged: str
+    slow: bool
+    metrics_address: str
+    def __init__(self, name: _Optional[str] = ..., size: _Optional[str] = ..., spark_master: _Optional[str] = ..., address: _Optional[str] = ..., managed: _Optional[bool] = ..., state: _Optional[str] = ..., epoch: _Optional[int] = ..., pid: _Optional[int] = ..., in_sync: _Optional[bool] = ..., hydrated: _Optional[bool] = ..., lag_ms: _Optional[int] = ..., peeks_won: _Optional[int] = ..., dataflows_kept: _Optional[int] = ..., dataflows_built: _Optional[int] = ..., resumes: _Optional[int] = ..., replays: _Optional[int] = ..., errors: _Optional[_Iterable[str]] = ..., dataflows: _Optional[_Mapping[str, DataflowStatusView]] = ..., consecutive_failures: _Optional[int] = ..., last_failure: _Optional[str] = ..., next_retry_ms: _Optional[int] = ..., wallclock_lag_ms: _Optional[int] = ..., diverged: _Optional[str] = ..., slow: _Optional[bool] = ..., metrics_address: _Optional[str] = ...) -> None: ...
 
 class InstanceView(_message.Message):
-    __slots__ = ("name", "health", "min_in_sync", "max_lag_ms", "replica_timeout_ms", "history_length", "history_reductions", "commands_pushed", "replicas", "collections", "unavailable_dataflows")
+    __slots__ = ("name", "health", "min_in_sync", "max_lag_ms", "replica_timeout_ms", "max_hold_back_ms", "replace_slow", "history_length", "history_reductions", "commands_pushed", "replicas", "collections", "unavailable_dataflows", "divergences", "events")
     class UnavailableDataflowsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -137,24 +151,32 @@ class InstanceView(_message.Message):
     MIN_IN_SYNC_FIELD_NUMBER: _ClassVar[int]
     MAX_LAG_MS_FIELD_NUMBER: _ClassVar[int]
     REPLICA_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_HOLD_BACK_MS_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_SLOW_FIELD_NUMBER: _ClassVar[int]
     HISTORY_LENGTH_FIELD_NUMBER: _ClassVar[int]
     HISTORY_REDUCTIONS_FIELD_NUMBER: _ClassVar[int]
     COMMANDS_PUSHED_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     COLLECTIONS_FIELD_NUMBER: _ClassVar[int]
     UNAVAILABLE_DATAFLOWS_FIELD_NUMBER: _ClassVar[int]
+    DIVERGENCES_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     health: str
     min_in_sync: int
     max_lag_ms: int
     replica_timeout_ms: int
+    max_hold_back_ms: int
+    replace_slow: bool
     history_length: int
     history_reductions: int
     commands_pushed: int
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaView]
     collections: _containers.RepeatedCompositeFieldContainer[CollectionView]
     unavailable_dataflows: _containers.ScalarMap[str, str]
-    def __init__(self, name: _Optional[str] = ..., health: _Optional[str] = ..., min_in_sync: _Optional[int] = ..., max_lag_ms: _Optional[int] = ..., replica_timeout_ms: _Optional[int] = ..., history_length: _Optional[int] = ..., history_reductions: _Optional[int] = ..., commands_pushed: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaView, _Mapping]]] = ..., collections: _Optional[_Iterable[_Union[CollectionView, _Mapping]]] = ..., unavailable_dataflows: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    divergences: int
+    events: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., health: _Optional[str] = ..., min_in_sync: _Optional[int] = ..., max_lag_ms: _Optional[int] = ..., replica_timeout_ms: _Optional[int] = ..., max_hold_back_ms: _Optional[int] = ..., replace_slow: _Optional[bool] = ..., history_length: _Optional[int] = ..., history_reductions: _Optional[int] = ..., commands_pushed: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaView, _Mapping]]] = ..., collections: _Optional[_Iterable[_Union[CollectionView, _Mapping]]] = ..., unavailable_dataflows: _Optional[_Mapping[str, str]] = ..., divergences: _Optional[int] = ..., events: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SourceView(_message.Message):
     __slots__ = ("id", "name", "schema", "since", "upper")
@@ -214,18 +236,22 @@ class ReadResult(_message.Message):
     def __init__(self, rows_arrow: _Optional[bytes] = ..., timestamp: _Optional[int] = ..., replica: _Optional[str] = ...) -> None: ...
 
 class CreateInstanceRequest(_message.Message):
-    __slots__ = ("name", "min_in_sync", "max_lag_ms", "replica_timeout_ms", "spark_conf")
+    __slots__ = ("name", "min_in_sync", "max_lag_ms", "replica_timeout_ms", "spark_conf", "max_hold_back_ms", "replace_slow")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MIN_IN_SYNC_FIELD_NUMBER: _ClassVar[int]
     MAX_LAG_MS_FIELD_NUMBER: _ClassVar[int]
     REPLICA_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     SPARK_CONF_FIELD_NUMBER: _ClassVar[int]
+    MAX_HOLD_BACK_MS_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_SLOW_FIELD_NUMBER: _ClassVar[int]
     name: str
     min_in_sync: int
     max_lag_ms: int
     replica_timeout_ms: int
     spark_conf: StringMap
-    def __init__(self, name: _Optional[str] = ..., min_in_sync: _Optional[int] = ..., max_lag_ms: _Optional[int] = ..., replica_timeout_ms: _Optional[int] = ..., spark_conf: _Optional[_Union[StringMap, _Mapping]] = ...) -> None: ...
+    max_hold_back_ms: int
+    replace_slow: bool
+    def __init__(self, name: _Optional[str] = ..., min_in_sync: _Optional[int] = ..., max_lag_ms: _Optional[int] = ..., replica_timeout_ms: _Optional[int] = ..., spark_conf: _Optional[_Union[StringMap, _Mapping]] = ..., max_hold_back_ms: _Optional[int] = ..., replace_slow: _Optional[bool] = ...) -> None: ...
 
 class DropInstanceRequest(_message.Message):
     __slots__ = ("name",)
@@ -444,3 +470,59 @@ class StatusResponse(_message.Message):
     INSTANCES_FIELD_NUMBER: _ClassVar[int]
     instances: _containers.RepeatedCompositeFieldContainer[InstanceView]
     def __init__(self, instances: _Optional[_Iterable[_Union[InstanceView, _Mapping]]] = ...) -> None: ...
+
+class ListEventsRequest(_message.Message):
+    __slots__ = ("instance", "after", "limit")
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    instance: str
+    after: int
+    limit: int
+    def __init__(self, instance: _Optional[str] = ..., after: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class EventView(_message.Message):
+    __slots__ = ("id", "at_ms", "instance", "kind", "replica", "message")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    AT_MS_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    at_ms: int
+    instance: str
+    kind: str
+    replica: str
+    message: str
+    def __init__(self, id: _Optional[int] = ..., at_ms: _Optional[int] = ..., instance: _Optional[str] = ..., kind: _Optional[str] = ..., replica: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ListEventsResponse(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[EventView]
+    def __init__(self, events: _Optional[_Iterable[_Union[EventView, _Mapping]]] = ...) -> None: ...
+
+class SubscribeRequest(_message.Message):
+    __slots__ = ("instance", "name", "as_of", "up_to", "snapshot", "progress")
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    AS_OF_FIELD_NUMBER: _ClassVar[int]
+    UP_TO_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    instance: str
+    name: str
+    as_of: int
+    up_to: int
+    snapshot: bool
+    progress: bool
+    def __init__(self, instance: _Optional[str] = ..., name: _Optional[str] = ..., as_of: _Optional[int] = ..., up_to: _Optional[int] = ..., snapshot: _Optional[bool] = ..., progress: _Optional[bool] = ...) -> None: ...
+
+class SubscribeBatch(_message.Message):
+    __slots__ = ("arrow_ipc", "progress")
+    ARROW_IPC_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    arrow_ipc: bytes
+    progress: int
+    def __init__(self, arrow_ipc: _Optional[bytes] = ..., progress: _Optional[int] = ...) -> None: ...

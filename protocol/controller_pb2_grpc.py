@@ -120,6 +120,16 @@ class ControllerStub:
                 request_serializer=protocol_dot_controller__pb2.StatusRequest.SerializeToString,
                 response_deserializer=protocol_dot_controller__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.ListEvents = channel.unary_unary(
+                '/tandem.v1.Controller/ListEvents',
+                request_serializer=protocol_dot_controller__pb2.ListEventsRequest.SerializeToString,
+                response_deserializer=protocol_dot_controller__pb2.ListEventsResponse.FromString,
+                _registered_method=True)
+        self.Subscribe = channel.unary_stream(
+                '/tandem.v1.Controller/Subscribe',
+                request_serializer=protocol_dot_controller__pb2.SubscribeRequest.SerializeToString,
+                response_deserializer=protocol_dot_controller__pb2.SubscribeBatch.FromString,
+                _registered_method=True)
 
 
 class ControllerServicer:
@@ -236,6 +246,25 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListEvents(self, request, context):
+        """What happened to instances (replica failures and rehydrations, reconciliations,
+        divergences, slow replicas, dataflow errors, take-overs), oldest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Subscribe(self, request, context):
+        """The change feed of a source, a materialized view or a dataflow's view: its snapshot
+        at as_of, then every change in time order, each time once, with progress. Refused
+        before anything opens: NOT_FOUND, FAILED_PRECONDITION (as_of below the since),
+        INVALID_ARGUMENT (up_to not after as_of). A client that does not read is dropped
+        with RESOURCE_EXHAUSTED saying where to resume.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -323,6 +352,16 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=protocol_dot_controller__pb2.StatusRequest.FromString,
                     response_serializer=protocol_dot_controller__pb2.StatusResponse.SerializeToString,
+            ),
+            'ListEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEvents,
+                    request_deserializer=protocol_dot_controller__pb2.ListEventsRequest.FromString,
+                    response_serializer=protocol_dot_controller__pb2.ListEventsResponse.SerializeToString,
+            ),
+            'Subscribe': grpc.unary_stream_rpc_method_handler(
+                    servicer.Subscribe,
+                    request_deserializer=protocol_dot_controller__pb2.SubscribeRequest.FromString,
+                    response_serializer=protocol_dot_controller__pb2.SubscribeBatch.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -785,6 +824,60 @@ class Controller:
             '/tandem.v1.Controller/Status',
             protocol_dot_controller__pb2.StatusRequest.SerializeToString,
             protocol_dot_controller__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.Controller/ListEvents',
+            protocol_dot_controller__pb2.ListEventsRequest.SerializeToString,
+            protocol_dot_controller__pb2.ListEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Subscribe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tandem.v1.Controller/Subscribe',
+            protocol_dot_controller__pb2.SubscribeRequest.SerializeToString,
+            protocol_dot_controller__pb2.SubscribeBatch.FromString,
             options,
             channel_credentials,
             insecure,

@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from catalog import Catalog
+from protocol.security import ServerSecurity, add_server_arguments
 from replica_service._crashes import CrashRecord
 from replica_service._replica import Replica
 from replica_service._server import ReplicaServer
@@ -59,12 +60,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=Path,
         help="where to remember, across restarts, the dataflows that were computing when the JVM died",
     )
+    parser.add_argument(
+        "--http-listen",
+        default="127.0.0.1:0",
+        metavar="HOST:PORT",
+        help="where to serve Prometheus metrics at /metrics, or off (default: %(default)s, a free port; "
+        "the controller shows it in status)",
+    )
     parser.add_argument("--log-level", default="INFO")
+    add_server_arguments(parser)
     args = parser.parse_args(argv)
     try:
         args.spark_conf = dict(item.split("=", 1) for item in args.spark_conf)
     except ValueError:
         parser.error("--spark-conf takes KEY=VALUE")
+    try:  # read now: a bad flag or file stops the start before Spark does
+        args.security = ServerSecurity.of(args.tls_cert, args.tls_key, args.tls_client_ca, args.auth_token_file)
+    except (OSError, ValueError) as error:
+        parser.error(str(error))
     return args
 
 
@@ -90,8 +103,14 @@ async def _serve(args: argparse.Namespace, work_dir: Path) -> None:
     # gRPC's threads run broke the launch (the JVM exited before reporting its port).
     session = start_replica_session(settings, work_dir)
     replica = Replica(storage, settings, work_dir, session, CrashRecord(args.crash_file))
-    server = ReplicaServer(replica, args.listen)
+    server = ReplicaServer(replica, args.listen, args.security)
     await server.start()
+    if args.http_listen != "off":
+        try:
+            replica.metrics.serve(args.http_listen)
+        except (OSError, ValueError) as error:
+            await server.stop(grace=0)
+            raise SystemExit(f"cannot serve metrics on {args.http_listen}: {error}") from None
     print(json.dumps({"address": server.address, "pid": os.getpid()}), flush=True)
 
     stopping = asyncio.Event()
@@ -101,6 +120,7 @@ async def _serve(args: argparse.Namespace, work_dir: Path) -> None:
     await stopping.wait()
     logging.getLogger(__name__).info("shutting down")
     await server.stop(grace=2)
+    replica.metrics.close()
 
 
 def main(argv: list[str] | None = None) -> None:

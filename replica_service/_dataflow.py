@@ -91,8 +91,10 @@ class Dataflow:
     scheduled: bool = False
     error: str | None = None
     digest: str = ""  # of the latest computed version
+    digest_time: int | None = None  # that version's time
     dropped: set[str] = field(default_factory=set)  # exports compacted to the empty frontier
     steps: int = 0  # versions computed, ever
+    computing: int | None = None  # the time of the step running on Spark, if one is
     last_step_ms: int = 0
     rows_changed: int = 0  # by the latest step
 
@@ -102,6 +104,10 @@ class Dataflow:
     @property
     def id(self) -> str:
         return self.desc.export_ids[0]
+
+    @property
+    def hydrated(self) -> bool:
+        return self.frontier > self.desc.as_of
 
     @property
     def since(self) -> Frontier:

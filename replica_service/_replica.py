@@ -72,6 +72,7 @@ from replica_service import _spark
 from replica_service._arrangement import Arrangement, Version, canonical_sort, digest, finish
 from replica_service._crashes import CrashRecord
 from replica_service._dataflow import Dataflow
+from replica_service._metrics import ReplicaMetrics
 from replica_service.dataplane import SinkWriter, StorageReader, maintainer
 from storage import NegativeCount, Storage
 
@@ -83,11 +84,15 @@ STEP_WORKERS = 4
 TRANSIENT_RETRIES = 5
 """A dataflow whose step fails this many times in a row for a passing reason fails."""
 
+PERTURB_ENV = "TANDEM_TEST_PERTURB_DATAFLOW"
+"""A test hook, read at start: the index versions of the dataflow this names get their
+last row twice on this replica, a wrong answer for the controller's divergence check
+to catch. Never set outside tests."""
+
 DEFAULT_PARAMETERS = ComputeParameters(
     max_result_rows=100_000,
     heartbeat_interval_ms=500,
     input_poll_interval_ms=100,
-    arrangement_max_versions=None,
 )
 
 
@@ -156,6 +161,7 @@ class Replica:
         self.storage = storage
         self.settings = settings
         self.work_dir = work_dir
+        self._perturbed = os.environ.get(PERTURB_ENV)
         self.highest_epoch = 0
         self.instance: InstanceConfig | None = None
         self.parameters = DEFAULT_PARAMETERS
@@ -176,6 +182,7 @@ class Replica:
         self.dataflows_kept = 0
         self.dataflows_built = 0
         self.heartbeats = 0
+        self.metrics = ReplicaMetrics(self)
         self._step_pool = ThreadPoolExecutor(STEP_WORKERS, thread_name_prefix="step")
         self._peek_pool = ThreadPoolExecutor(1, thread_name_prefix="sql-peek")
         self._io_pool = ThreadPoolExecutor(4, thread_name_prefix="storage")
@@ -315,12 +322,18 @@ class Replica:
         """Keep running dataflows the replayed history still describes, drop the rest,
         build the new ones, then apply the remaining replayed commands in order.
 
-        A dataflow is kept when its definition is identical, its old `as_of` is not
-        beyond the new one, it has not failed, and every index it imports is kept too
-        (the history lists dataflows in dependency order).
+        A dataflow is kept when its definition is identical, it can serve every read the
+        replay allows (its old `as_of` is not beyond the new one, nor any arrangement's
+        since beyond the new as_of or that export's replayed `AllowCompaction`), it has
+        computed every time before the new `as_of` (a lagging one would have to read its
+        inputs below the new as_of, where nothing holds them any more: jumping its
+        frontier instead would skip their changes for good), it has not failed, and
+        every index it imports is kept too (the history lists dataflows in dependency
+        order).
         """
         replay, connection.replay = connection.replay, None
         wanted = {c.desc.export_ids[0]: c.desc for c in replay if isinstance(c, CreateDataflow)}
+        allowed = {c.id: c.frontier for c in replay if isinstance(c, AllowCompaction)}
         kept: dict[str, Dataflow] = {}
         for id, desc in wanted.items():
             old = self.dataflows.get(id)
@@ -329,10 +342,11 @@ class Replica:
                 and old.error is None
                 and old.desc.same_definition(desc)
                 and old.desc.as_of <= desc.as_of
+                and desc.as_of <= old.frontier
+                and all(a.since <= desc.as_of.join(allowed.get(a.id, desc.as_of)) for a in old.arrangements.values())
                 and all(i.id in self.collections and self.collections[i.id].id in kept for i in desc.imports if i.kind == "index")
             ):
                 old.desc = desc
-                old.frontier = old.frontier.join(desc.as_of)
                 for arrangement in old.arrangements.values():
                     arrangement.compact(desc.as_of)
                 kept[id] = old
@@ -510,16 +524,21 @@ class Replica:
         sink_upper = time + 1 if following.is_empty else following.time
         started = monotonic()
         self.in_flight.add(dataflow.id)
+        dataflow.computing = time
         try:
             rows, changed = await loop.run_in_executor(self._step_pool, self._compute, dataflow, session, time, previous, sink_upper)
         finally:
             self.in_flight.discard(dataflow.id)
+            dataflow.computing = None
         elapsed_ms = int(1000 * (monotonic() - started))
+        self.metrics.observe_step(dataflow, elapsed_ms, changed)
+        if rows is not None and rows.num_rows and dataflow.desc.name == self._perturbed:
+            rows = pa.concat_tables([rows, rows.slice(rows.num_rows - 1)])
         log.info("dataflow %s: computed time %d in %d ms, %d rows changed", dataflow.desc.name, time, elapsed_ms, changed)
         for arrangement in dataflow.arrangements.values():
             version = await loop.run_in_executor(self._io_pool, Version.build, time, rows, arrangement.key)
             arrangement.insert(version)
-            dataflow.digest = version.digest
+            dataflow.digest, dataflow.digest_time = version.digest, time
         dataflow.last_computed = time
         dataflow.steps += 1
         dataflow.last_step_ms, dataflow.rows_changed = elapsed_ms, changed
@@ -529,6 +548,8 @@ class Replica:
         """One step (blocking, on a step worker): the whole version for the indexes (None
         without any) and the rows it changed; the sinks written."""
         session.sparkContext.setLocalProperty("spark.scheduler.pool", dataflow.id)
+        # Its jobs' tasks are the hydration progress the status reports.
+        session.sparkContext.setJobGroup(_spark.step_job_group(dataflow.id, time), f"dataflow {dataflow.desc.name} at {time}")
         if dataflow.maintainer is None:
             partitions = int(self.instance.conf().get("spark.sql.shuffle.partitions", "200"))
             sink_readers = {id: self.readers[id] for id in dataflow.sinks}
@@ -653,6 +674,7 @@ class Replica:
         # peek belongs to the current session (a new one cancels them all), so its answer
         # goes to the session's current connection, which a resume may have replaced.
         if self.peeks.pop(peek.uuid, None) is not None:
+            self.metrics.observe_peek("rows" if isinstance(result, PeekRows) else "error")
             self.connection.send(PeekResponse(peek.uuid, result))
 
     async def _peek_rows(self, peek: Peek) -> PeekRows:
@@ -705,25 +727,35 @@ class Replica:
             await asyncio.sleep(self.parameters.heartbeat_interval_ms / 1000)
 
     def status(self) -> StatusResponse:
-        dataflows = tuple(
-            DataflowStatus(
-                id=dataflow.id,
-                hydrated=dataflow.frontier > dataflow.desc.as_of,
-                error=dataflow.error,
-                digest=dataflow.digest,
-                last_step_ms=dataflow.last_step_ms,
-                rows_changed=dataflow.rows_changed,
-                steps=dataflow.steps,
+        hydrating = {
+            d.id: _spark.step_job_group(d.id, d.computing) for d in self.dataflows.values() if d.computing is not None and not d.hydrated
+        }
+        tasks = _spark.job_tasks(frozenset(hydrating.values())) if hydrating else {}
+        dataflows = []
+        for dataflow in self.dataflows.values():
+            done, total = tasks.get(hydrating.get(dataflow.id, ""), (0, 0))
+            dataflows.append(
+                DataflowStatus(
+                    id=dataflow.id,
+                    hydrated=dataflow.hydrated,
+                    error=dataflow.error,
+                    digest=dataflow.digest,
+                    digest_time=dataflow.digest_time,
+                    last_step_ms=dataflow.last_step_ms,
+                    rows_changed=dataflow.rows_changed,
+                    steps=dataflow.steps,
+                    hydration_tasks_done=done,
+                    hydration_tasks_total=total,
+                )
             )
-            for dataflow in self.dataflows.values()
-        )
         return StatusResponse(
             heartbeat=self.heartbeats,
-            dataflows=dataflows,
+            dataflows=tuple(dataflows),
             dataflows_kept=self.dataflows_kept,
             dataflows_built=self.dataflows_built,
             pid=os.getpid(),
             errors=_spark.cluster_problems(self._session),  # cached: never waits for the JVM
+            metrics_address=self.metrics.address,
         )
 
     async def _wait_progress(self) -> None:

@@ -14,6 +14,7 @@ import grpc
 
 from history import Hello
 from protocol import ProtocolError, Refusal, command_from_proto, compute_pb2_grpc, response_to_proto
+from protocol.security import ServerSecurity
 from replica_service._replica import Connection, Refused, Replica
 
 log = logging.getLogger(__name__)
@@ -69,18 +70,20 @@ def _safe_hello(message) -> Hello | None:
 
 
 class ReplicaServer:
-    """A `grpc.aio` server hosting one `Replica`, with `start()` and `stop(grace)`."""
+    """A `grpc.aio` server hosting one `Replica`, with `start()` and `stop(grace)`,
+    secured by `security` (TLS, a bearer token; none by default)."""
 
-    def __init__(self, replica: Replica, listen: str) -> None:
+    def __init__(self, replica: Replica, listen: str, security: ServerSecurity = ServerSecurity()) -> None:
         self.replica = replica
         self._server = grpc.aio.server(
             options=[
                 ("grpc.max_send_message_length", 256 * 1024 * 1024),
                 ("grpc.max_receive_message_length", 256 * 1024 * 1024),
-            ]
+            ],
+            interceptors=security.interceptors(),
         )
         compute_pb2_grpc.add_ComputeReplicaServicer_to_server(ComputeReplicaServicer(replica), self._server)
-        self.port = self._server.add_insecure_port(listen)
+        self.port = security.add_port(self._server, listen)
         self.host = listen.rsplit(":", 1)[0]
 
     @property

@@ -24,7 +24,8 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from collections.abc import Callable
+from typing import Generic, Mapping, TypeVar
 
 import pyarrow as pa
 from py4j.java_gateway import JavaGateway, JavaObject
@@ -36,6 +37,9 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 log = logging.getLogger(__name__)
 
+K = TypeVar("K")
+V = TypeVar("V")
+
 # PySpark's own logger writes a multi-kilobyte JSON stack trace for every failed query;
 # the replica reports the error's first line itself.
 logging.getLogger("SQLQueryContextLogger").disabled = True
@@ -43,9 +47,12 @@ logging.getLogger("SQLQueryContextLogger").disabled = True
 LOG4J2_CONFIG = Path(__file__).with_name("log4j2.properties")
 
 # Serial GC, C1 only and a small code cache: three concurrent starts went from ~14 s
-# to ~7 s on a 2-core machine (SPARK_NOTES.md).
-FAST_START_JVM_OPTIONS = (
-    "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=64m "
+# to ~7 s on a 2-core machine (SPARK_NOTES.md). Exit on any OutOfMemoryError: Spark's
+# handler kills the JVM only for one thrown in a task thread; one thrown while the
+# driver collects or broadcasts came back to Python as an ordinary error and left a
+# JVM short of heap serving on (seen in CI: the replica neither died nor recovered).
+DRIVER_JVM_OPTIONS = (
+    "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=64m -XX:+ExitOnOutOfMemoryError "
     f"-Dlog4j2.configurationFile=file:{LOG4J2_CONFIG}"
 )
 
@@ -76,7 +83,7 @@ def session_conf(settings: SparkSettings, work_dir: Path) -> dict[str, str]:
         "spark.master": settings.master,
         "spark.app.name": f"tandem-replica-{os.getpid()}",
         "spark.driver.memory": settings.driver_memory,
-        "spark.driver.extraJavaOptions": FAST_START_JVM_OPTIONS,
+        "spark.driver.extraJavaOptions": DRIVER_JVM_OPTIONS,
         "spark.driver.host": settings.driver_host,
         "spark.driver.bindAddress": settings.driver_bind_address,
         "spark.ui.enabled": "false",
@@ -153,8 +160,10 @@ def jvm_exit_cause() -> str:
     return _JVM_EXIT_CODES.get(code, f"the JVM exited with code {code}")
 
 
-# SparkExitCode: the codes Spark's own handlers exit the JVM with.
+# -XX:+ExitOnOutOfMemoryError exits with 3; the others are SparkExitCode, the codes
+# Spark's own handlers exit the JVM with.
 _JVM_EXIT_CODES = {
+    3: "java.lang.OutOfMemoryError (-XX:+ExitOnOutOfMemoryError: the JVM exited with code 3)",
     52: "java.lang.OutOfMemoryError (the JVM exited with code 52)",
     50: "an uncaught exception in the JVM (exit code 50)",
 }
@@ -307,46 +316,49 @@ def cluster_problems(session: SparkSession) -> tuple[str, ...]:
     naming the executors it lost; or its SparkContext stopped (the master removed the
     application). Empty in local mode, where the driver runs the tasks itself.
 
-    Never blocks its caller (the replica's event loop): it answers from a cache that one
-    worker thread refreshes, at most once a second, with the py4j calls (which wait for
-    a busy JVM). The first answers are empty, until the first refresh. What is watched is
+    Never blocks its caller (the replica's event loop): it answers from a `_Watch`. The
+    first answers are empty, until the first refresh. What is watched is
     the process's SparkContext (there is one per process), so a session that
     `apply_instance_conf` replaced still answers for its replacement.
     """
     if not session.sparkContext.master.startswith("spark://"):
         return ()
-    return _EXECUTOR_WATCH.problems(session.sparkContext.master)
+    return _EXECUTOR_WATCH.get(session.sparkContext.master)
 
 
-class _ExecutorWatch:
-    """The cache of `cluster_problems`. `problems` runs on one thread (the event loop);
-    the refresh on the watch's own thread, one at a time, and it only replaces
-    `_problems`."""
+class _Watch(Generic[K, V]):
+    """A value that one worker thread reads, at most once a second, with py4j calls
+    (which wait for a busy JVM); `get` never blocks: it answers the last value read (of
+    any argument: the caller picks what it needs from it), `initial` until the first
+    read ends. A failed read gives `failed(error, argument)`."""
 
     REFRESH_S = 1.0
 
-    def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="executor-watch")
+    def __init__(self, name: str, read: Callable[[K], V], initial: V, failed: Callable[[Exception, K], V]) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=name)
+        self._read_value, self._failed = read, failed
         self._refresh: Future | None = None
         self._refreshed_at = -math.inf
-        self._problems: tuple[str, ...] = ()
+        self._value = initial
 
-    def problems(self, master: str) -> tuple[str, ...]:
+    def get(self, argument: K) -> V:
         now = time.monotonic()
         if (self._refresh is None or self._refresh.done()) and now - self._refreshed_at >= self.REFRESH_S:
             self._refreshed_at = now
-            self._refresh = self._pool.submit(self._read, master)
-        return self._problems
+            self._refresh = self._pool.submit(self._read, argument)
+        return self._value
 
-    def _read(self, master: str) -> None:
+    def _read(self, argument: K) -> None:
         try:
-            self._problems = _read_cluster_problems(master)
+            self._value = self._read_value(argument)
         except Exception as error:  # e.g. the context stopped between two calls
-            log.warning("reading the Spark executors failed: %s", error)
-            self._problems = (f"cannot read the Spark executors of {master}: {_java_message(error)}",)
+            self._value = self._failed(error, argument)
 
 
-_EXECUTOR_WATCH = _ExecutorWatch()
+def _cluster_problems_failed(error: Exception, master: str) -> tuple[str, ...]:
+    log.warning("reading the Spark executors failed: %s", error)
+    return (f"cannot read the Spark executors of {master}: {_java_message(error)}",)
+
 
 _LOST_NAMED = 3  # lost executors named in a problem; the rest are counted
 
@@ -373,6 +385,9 @@ def _read_cluster_problems(master: str) -> tuple[str, ...]:
     return (f"{problem}; lost executor {', '.join(lost[:_LOST_NAMED])}{more}",)
 
 
+_EXECUTOR_WATCH = _Watch("executor-watch", _read_cluster_problems, (), _cluster_problems_failed)
+
+
 def _executor(summary: JavaObject) -> tuple[str, str, bool, str]:
     """(id, host:port, active, why it was removed) of a `v1.ExecutorSummary`."""
     reason = summary.removeReason()
@@ -382,3 +397,35 @@ def _executor(summary: JavaObject) -> tuple[str, str, bool, str]:
 
 def _scala_list(seq: JavaObject) -> list[JavaObject]:
     return [seq.apply(i) for i in range(seq.size())]
+
+
+def job_tasks(groups: frozenset[str]) -> dict[str, tuple[int, int]]:
+    """(tasks done, tasks so far) of the jobs of each Spark job group in `groups` (a
+    step sets its group: `step_job_group`), as last read. Never blocks (a `_Watch`):
+    a group not read yet is missing."""
+    return _JOB_WATCH.get(groups)
+
+
+def step_job_group(dataflow_id: str, time: int) -> str:
+    return f"{dataflow_id}@{time}"
+
+
+def _read_job_tasks(groups: frozenset[str]) -> dict[str, tuple[int, int]]:
+    context = SparkContext._active_spark_context
+    if context is None or not groups:
+        return {}
+    tracker = context.statusTracker()
+    tasks = {}
+    for group in groups:
+        done = total = 0
+        for job in tracker.getJobIdsForGroup(group):
+            info = tracker.getJobInfo(job)
+            for stage in info.stageIds if info is not None else ():
+                stage_info = tracker.getStageInfo(stage)
+                if stage_info is not None:
+                    done, total = done + stage_info.numCompletedTasks, total + stage_info.numTasks
+        tasks[group] = (done, total)
+    return tasks
+
+
+_JOB_WATCH = _Watch("job-watch", _read_job_tasks, {}, lambda error, groups: {})

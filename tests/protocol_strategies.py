@@ -72,7 +72,7 @@ COMMANDS: dict[type, st.SearchStrategy] = {
     h.InitializationComplete: st.just(h.InitializationComplete()),
     h.UpdateConfiguration: st.builds(
         h.UpdateConfiguration,
-        st.builds(h.ComputeParameters, *[st.none() | int64s] * 4),
+        st.builds(h.ComputeParameters, *[st.none() | int64s] * len(h.ComputeParameters.__dataclass_fields__)),
     ),
     h.CreateDataflow: st.builds(h.CreateDataflow, dataflows),
     h.Schedule: st.builds(h.Schedule, ids),
@@ -94,12 +94,15 @@ RESPONSES: dict[type, st.SearchStrategy] = {
         h.StatusResponse,
         heartbeat=int64s,
         dataflows=_tuples(
-            st.builds(h.DataflowStatus, ids, st.booleans(), st.none() | texts, texts, int64s, int64s, int64s)
+            st.builds(
+                h.DataflowStatus, ids, st.booleans(), st.none() | texts, texts, int64s, int64s, int64s, st.none() | int64s, int64s, int64s
+            )
         ),
         dataflows_kept=int64s,
         dataflows_built=int64s,
         pid=int64s,
         errors=_tuples(texts),
+        metrics_address=texts,
     ),
     Refusal: st.builds(Refusal, st.sampled_from(get_args(RefusalCode)), texts),
     HelloAck: st.builds(HelloAck, st.booleans(), counts),

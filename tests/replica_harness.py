@@ -42,6 +42,7 @@ class ReplicaProcess:
         spark_conf: dict[str, str] | None = None,
         log_path: Path | None = None,
         args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
     ) -> None:
         command = [sys.executable, "-m", "replica_service", "--catalog", catalog_url, "--blob-dir", str(blob_dir), "--spark-master", master, *args]
         for key, value in (spark_conf or {}).items():
@@ -49,7 +50,7 @@ class ReplicaProcess:
         self.log_path = log_path
         self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL
         self.process = subprocess.Popen(
-            command, cwd=REPO, stdout=subprocess.PIPE, stderr=self._log, start_new_session=True, env={**os.environ, "PYTHONPATH": str(REPO)}
+            command, cwd=REPO, stdout=subprocess.PIPE, stderr=self._log, start_new_session=True, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
         )
         line = self.process.stdout.readline()
         if not line:

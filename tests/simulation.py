@@ -706,6 +706,9 @@ class Simulation:
         self.broken: list[tuple[int, str, int]] = []  # (when, name, epoch) to report
         self.link_breaks: list[tuple[int, str]] = []  # (when, name): a late-response fault
         self.late: list[tuple[int, str, int, ComputeResponse]] = []  # (when, name, epoch, response)
+        # Sinces recorded since the last report to the instance, due at `recorded_due`.
+        self.recorded: dict[str, Frontier] = {}
+        self.recorded_due: int | None = None
         # Client.
         self.peeks: dict[str, IssuedPeek] = {}
         # Peek uuid -> (replica, epoch) of each error answer the instance took.
@@ -754,6 +757,7 @@ class Simulation:
             replica.step(now)
         self._deliver_responses()
         self._deliver_late()
+        self._deliver_recorded()
         if now >= self.next_tick:  # the driver's clock ticks every 100 ms
             self.next_tick = now + 100
             self.call(self.instance.tick, now)
@@ -942,6 +946,10 @@ class Simulation:
         if previous is not None and effect.since < previous:
             self.fail(f"recorded since of {effect.id} regressed from {previous} to {effect.since}")
         self.recorded_since[effect.id] = effect.since
+        # The catalog write takes a while; replicas may compact only after it. As the
+        # driver does, everything recorded by then is reported durable together.
+        self.recorded_due = self.recorded_due or self.now + self.rng.randint(1, 80)
+        self.recorded[effect.id] = effect.since
 
     # --- Network ------------------------------------------------------------------------------
 
@@ -1025,6 +1033,11 @@ class Simulation:
         ):
             self.peek_errors.setdefault(response.uuid, set()).add((name, epoch))
 
+    def _deliver_recorded(self) -> None:
+        if self.recorded_due is not None and self.recorded_due <= self.now:
+            batch, self.recorded, self.recorded_due = self.recorded, {}, None
+            self.call(self.instance.sinces_recorded, batch)
+
     def _deliver_late(self) -> None:
         while self.late and self.late[0][0] <= self.now:
             _, name, epoch, response = self.late.pop(0)
@@ -1102,6 +1115,7 @@ class Simulation:
         self.broken.clear()
         self.link_breaks.clear()
         self.late.clear()
+        self.recorded, self.recorded_due = {}, None
         for issued in self.peeks.values():
             if not issued.answers and issued.generation == self.generation:
                 issued.lost = True

@@ -97,6 +97,8 @@ def test_an_instance_starts_from_the_deterministic_spark_conf(controller: Catalo
         min_in_sync=2,
         max_lag_ms=100,
         replica_timeout_ms=2_000,
+        max_hold_back_ms=9_000,
+        replace_slow=True,
         parameters=ComputeParameters(max_result_rows=10),
     )
     expected = {
@@ -107,6 +109,7 @@ def test_an_instance_starts_from_the_deterministic_spark_conf(controller: Catalo
     assert info.config.name == "main"
     assert info.config.conf() == expected
     assert (info.min_in_sync, info.max_lag_ms, info.replica_timeout_ms) == (2, 100, 2_000)
+    assert (info.max_hold_back_ms, info.replace_slow) == (9_000, True)
     assert info.parameters == ComputeParameters(max_result_rows=10)
     assert controller.get_instance("main") == info
     assert controller.list_instances() == [info]
@@ -131,6 +134,8 @@ def test_instance_parameters_merge_like_update_configuration(controller: Catalog
         ({"name": "main", "min_in_sync": 0}, "min_in_sync"),
         ({"name": "main", "max_lag_ms": -1}, "max_lag_ms"),
         ({"name": "main", "replica_timeout_ms": 0}, "replica_timeout_ms"),
+        ({"name": "main", "max_hold_back_ms": 0}, "max_hold_back_ms"),
+        ({"name": "main", "replace_slow": "yes"}, "replace_slow"),
         ({"name": "main", "parameters": ComputeParameters(max_result_rows=0)}, "max_result_rows"),
     ],
 )
@@ -296,7 +301,7 @@ def world(controller: Catalog) -> dict[str, str]:
         sql="SELECT * FROM o",
         imports=[Import("o", orders.id)],
         schema=SCHEMA,
-        as_of=Frontier(0),
+        as_of=Frontier(5),  # totals' hold moved the since of orders there
         index_key=[],
     )
     return {
@@ -404,7 +409,7 @@ def test_index_and_view_of_one_dataflow_share_its_name_across_namespaces(
         sql="SELECT * FROM o",
         imports=[Import("o", world["orders"])],
         schema=SCHEMA,
-        as_of=Frontier(0),
+        as_of=Frontier(5),
         index_key=["id"],
     )
     assert controller.dataflow_by_name("main", "orders").index_id == info.index_id
@@ -421,7 +426,7 @@ def test_index_names_are_unique_per_instance(controller: Catalog, world, dump) -
         sql="SELECT * FROM o",
         imports=[Import("o", world["orders"])],
         schema=SCHEMA,
-        as_of=Frontier(0),
+        as_of=Frontier(5),
         index_key=["id"],
     )
     assert theirs.index_id is not None and theirs.index_id != mine.index_id
@@ -441,7 +446,7 @@ def test_index_names_are_unique_per_instance(controller: Catalog, world, dump) -
             sql="SELECT * FROM o",
             imports=[Import("o", world["orders"])],
             schema=SCHEMA,
-            as_of=Frontier(0),
+            as_of=Frontier(5),
             index_key=["id"],
         )
         match = f"instance '{instance}' already has a dataflow named 'totals'"
@@ -468,7 +473,7 @@ def test_a_view_name_stays_unique_across_instances(
             sql="SELECT * FROM o",
             imports=[Import("o", world["orders"])],
             schema=SCHEMA,
-            as_of=Frontier(0),
+            as_of=Frontier(5),
             index_key=["id"],
             materialized=materialized,
         )
@@ -529,6 +534,34 @@ def test_nothing_is_dropped_while_imported(controller: Catalog, world, dump) -> 
     with pytest.raises(NotFound):
         controller.get_dataflow(world["totals"])
     assert [d.name for d in controller.list_dataflows()] == ["other_idx"]
+
+
+# --- Events ---------------------------------------------------------------------------
+
+
+def test_events_are_kept_in_order_bounded_and_fenced(controller: Catalog, catalog_url: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from catalog import Fenced, NewEvent
+    from catalog import _events
+
+    controller.record_events([NewEvent(10, "main", "replica_failed", "r1 lost its stream", replica="r1"), NewEvent(11, "other", "diverged", "x")])
+    controller.record_events([NewEvent(12, "main", "rehydrating", "r1 replays 4 commands", replica="r1")])
+    events = controller.list_events("main")
+    assert [(e.kind, e.replica, e.at_ms) for e in events] == [("replica_failed", "r1", 10), ("rehydrating", "r1", 12)]
+    assert [e.message for e in controller.list_events(after=events[0].id)] == ["x", "r1 replays 4 commands"]
+    assert [e.kind for e in controller.list_events(limit=1)] == ["rehydrating"]  # the latest, not the first
+    with pytest.raises(InvalidArgument):
+        controller.list_events(limit=0)
+
+    monkeypatch.setattr(_events, "EVENTS_RETAINED", 3)
+    controller.record_events([NewEvent(20 + n, "main", "slow", f"n{n}") for n in range(4)])
+    assert [e.message for e in controller.list_events()] == ["n1", "n2", "n3"]
+
+    successor = Catalog.open(catalog_url)
+    successor.become_controller()
+    with pytest.raises(Fenced):
+        controller.record_events([NewEvent(30, "main", "slow", "from a fenced controller")])
+    assert [e.message for e in successor.list_events()][-1] == "n3"
+    successor.close()
 
 
 # --- Layering -------------------------------------------------------------------------

@@ -104,7 +104,7 @@ def test_recover_history_rebuilds_the_instance(controller: Catalog) -> None:
         sql="SELECT * FROM o",
         imports=[Import("o", orders.id)],
         schema=SCHEMA,
-        as_of=Frontier(0),
+        as_of=Frontier(3),
         index_key=[],
     )
     dropped = controller.create_dataflow(
@@ -113,7 +113,7 @@ def test_recover_history_rebuilds_the_instance(controller: Catalog) -> None:
         sql="SELECT * FROM o",
         imports=[Import("o", orders.id)],
         schema=SCHEMA,
-        as_of=Frontier(0),
+        as_of=Frontier(3),
         index_key=[],
     )
     controller.drop_dataflow(dropped.id)
@@ -160,7 +160,7 @@ def test_a_view_is_recovered_at_its_sink_hold_not_at_its_storage_since(
     )
     controller.acquire_read_hold(view.sink_id, "tandem/retention", Frontier(4))
     controller.acquire_read_hold(view.sink_id, sink_holder(view.id), Frontier(9))
-    controller.acquire_read_hold(orders.id, f"main/{view.sink_id}", Frontier(9))
+    controller.downgrade_read_hold(orders.id, f"main/{view.sink_id}", Frontier(9))  # taken at as_of
     assert controller.get_collection(view.sink_id).since == Frontier(4)
     history = controller.recover_history("main")
     assert history[1] == CreateDataflow(view.description(Frontier(9)))

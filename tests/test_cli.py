@@ -9,16 +9,21 @@ import decimal
 import io
 import json
 import sys
+import time
 import types
 from pathlib import Path
 
+import grpc
+import pyarrow as pa
 import pytest
 from test_client_api import FakeApi, ServerThread, fail_kept, free_address, populated
 
 import controller
+from controller._api import EventView
 from controller.cli import format_table, main
-from controller.client import Client
+from controller.client import Client, TandemError
 from history import OrderBy, Predicate
+from protocol.security import ServerSecurity
 
 
 @pytest.fixture
@@ -76,6 +81,7 @@ def test_help_lists_every_command(capsys):
         "peek",
         "query",
         "status",
+        "events",
     ):
         assert command in out
 
@@ -89,6 +95,9 @@ def test_help_lists_every_command(capsys):
         ["instance", "create", "x", "--conf", "no-equals-sign"],
         ["source", "append", "orders"],
         ["source", "append", "orders", "--csv", "a.csv", "--jsonl", "b.jsonl"],
+        ["source", "append", "orders", "--csv", "a.csv", "--parquet", "b.parquet"],
+        ["source", "create", "orders"],
+        ["source", "create", "orders", "--schema", "id INT", "--like-parquet", "o.parquet"],
         ["instance", "create", "x", "--min-in-sync", "two"],
     ],
 )
@@ -109,6 +118,9 @@ def test_instance_create_list_drop(tandem, api):
         "2",
         "--max-lag-ms",
         "250",
+        "--max-hold-back-ms",
+        "60000",
+        "--replace-slow",
         "--conf",
         "spark.sql.shuffle.partitions=8",
         "--conf",
@@ -129,6 +141,8 @@ def test_instance_create_list_drop(tandem, api):
         "spark.sql.shuffle.partitions": "8",
         "a": "b=c",
     }
+    assert api.last("create_instance")[1]["max_hold_back_ms"] == 60_000
+    assert api.last("create_instance")[1]["replace_slow"] is True
 
     code, out, _ = tandem("instance", "list", "--json")
     assert [i["name"] for i in json.loads(out)] == ["dev", "prod"]
@@ -290,6 +304,38 @@ def test_jsonl_append_from_a_file_and_from_stdin(tandem, api, tmp_path, monkeypa
         "name": "csv on stdin",
         "_diff": 1,
     }
+
+
+def test_a_source_like_a_parquet_file_takes_its_rows_by_column_name(tandem, api, tmp_path):
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "trips.parquet"
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("city", pa.string()), pa.field("km", pa.float64())])
+    pq.write_table(pa.table({"id": [1, 2], "city": ["Oslo", None], "km": [3.5, 7.0]}, schema=schema), path)
+    code, out, _ = tandem("source", "create", "trips", "--like-parquet", str(path), "--json")
+    assert code == 0 and json.loads(out)["schema"] == "id BIGINT NOT NULL, city STRING, km DOUBLE"
+
+    code, out, _ = tandem("source", "append", "trips", "--parquet", str(path), "--json")
+    assert code == 0 and json.loads(out)["rows"] == 2
+    assert stored(api, "trips") == [{"id": 1, "city": "Oslo", "km": 3.5, "_diff": 1}, {"id": 2, "city": None, "km": 7.0, "_diff": 1}]
+
+    # Another order, narrower types and a _diff: matched by name and cast.
+    retract = tmp_path / "retract.parquet"
+    pq.write_table(pa.table({"km": pa.array([3.5], pa.float32()), "_diff": [-1], "city": ["Oslo"], "id": pa.array([1], pa.int32())}), retract)
+    assert tandem("source", "append", "trips", "--parquet", str(retract))[0] == 0
+    assert stored(api, "trips") == [{"id": 1, "city": "Oslo", "km": 3.5, "_diff": -1}]
+
+    wrong = tmp_path / "wrong.parquet"
+    pq.write_table(pa.table({"id": [1], "town": ["Oslo"]}), wrong)
+    code, _, err = tandem("source", "append", "trips", "--parquet", str(wrong))
+    assert code == 1 and "missing ['city', 'km'], not in the source ['town']" in err
+    unconvertible = tmp_path / "text_ids.parquet"
+    pq.write_table(pa.table({"id": ["x"], "city": ["Oslo"], "km": [1.0]}), unconvertible)
+    code, _, err = tandem("source", "append", "trips", "--parquet", str(unconvertible))
+    assert code == 1 and "INVALID_ARGUMENT" in err and "column 'id' does not convert to int64" in err
+    code, _, err = tandem("source", "create", "nothing", "--like-parquet", str(tmp_path / "missing.parquet"))
+    assert code == 1 and "cannot read the schema of" in err
+    assert len(api.batches["trips"]) == 2 and "nothing" not in api.sources  # the refusals wrote nothing
 
 
 @pytest.mark.parametrize(
@@ -503,15 +549,59 @@ def test_status_shows_replicas_and_collections(tandem, api):
     )
     assert lines[1].split()[:4] == ["NAME", "SIZE", "STATE", "IN_SYNC"]
     assert lines[3].split()[:4] == ["r1", "xsmall", "active", "true"]
-    assert lines[5].split() == ["COLLECTION", "ID", "SINCE", "WRITE_FRONTIER"]
-    assert lines[8].split() == ["kept", "(sink)", "m2", "empty", "empty"]
+    assert lines[5].split() == ["COLLECTION", "ID", "SINCE", "WRITE_FRONTIER", "STALE_MS"]
+    assert lines[8].split() == ["kept", "(sink)", "m2", "empty", "empty", "-"]
     code, out, _ = tandem("status", "--json")
     assert json.loads(out)[0]["collections"][1] == {
         "id": "m2",
         "name": "kept (sink)",
         "since": None,
         "write_frontier": None,
+        "wallclock_lag_ms": None,
     }
+
+
+def test_events_list_the_latest_and_follow_prints_new_ones_as_they_come(tandem, api, monkeypatch):
+    api.events_recorded = [
+        EventView(1, 1_700_000_000_000, "prod", "replica_failed", "r1", "replica r1 (incarnation 1) failed: stream broke"),
+        EventView(2, 1_700_000_001_500, "prod", "took_over", "", "controller epoch 2 recovered the instance"),
+    ]
+    code, out, _ = tandem("events", "--instance", "prod")
+    lines = out.splitlines()
+    assert code == 0 and lines[0].split() == ["TIME", "INSTANCE", "KIND", "REPLICA", "MESSAGE"]
+    assert lines[2].split()[:4] == ["2023-11-14T22:13:20.000+00:00", "prod", "replica_failed", "r1"]
+    assert lines[3].split()[:4] == ["2023-11-14T22:13:21.500+00:00", "prod", "took_over", "-"]
+
+    polls = []
+
+    def poll_later(seconds: float) -> None:  # a new event arrives during the first wait
+        polls.append(seconds)
+        if len(polls) == 1:
+            api.events_recorded.append(EventView(3, 1_700_000_002_000, "prod", "slow", "r2", "replica r2 is slow"))
+        else:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("controller.cli.time", types.SimpleNamespace(sleep=poll_later, time=time.time))
+    code, out, _ = tandem("events", "--follow", "--limit", "1", "--json")
+    assert code == 130 and [json.loads(line)["id"] for line in out.splitlines()] == [2, 3]
+    assert api.last("events") == ((None,), {"after": 2, "limit": 1_000})  # from the last id it printed
+
+
+def test_status_watch_draws_again_until_interrupted(tandem, api, monkeypatch):
+    tandem("instance", "create", "prod")
+    naps = []
+
+    def nap(seconds: float) -> None:
+        naps.append(seconds)
+        if len(naps) % 2 == 0:  # two snapshots, then Ctrl-C
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("controller.cli.time", types.SimpleNamespace(sleep=nap, time=time.time))
+    code, out, _ = tandem("status", "prod", "--watch", "--interval", "0.5")
+    assert code == 130 and naps == [0.5, 0.5]
+    assert out.count("instance prod: healthy") == 2  # not a terminal: one snapshot after another
+    code, out, _ = tandem("status", "--watch", "--json")
+    assert code == 130 and len(naps) == 4 and [json.loads(line)[0]["name"] for line in out.splitlines()] == ["prod", "prod"]
 
 
 def test_status_and_dataflow_list_say_what_fails(tandem, api, monkeypatch):
@@ -532,13 +622,14 @@ def test_status_and_dataflow_list_say_what_fails(tandem, api, monkeypatch):
         "replica r1 reports: disk full",
         "replica r1 failed 3 time(s) in a row, last: refused (STALE_EPOCH): epoch 1 < 2",
     ]
-    assert [line.split() for line in lines[9:13]] == [
+    assert [line.split() for line in lines[9:14]] == [
         ["DATAFLOW", "REPLICA", "HYDRATED", "STEPS", "LAST_STEP_MS", "ROWS_CHANGED", "ERROR"],
-        ["--------", "-------", "--------", "-----", "------------", "------------", "-" * 16],
+        ["--------", "-------", "-" * 9, "-----", "------------", "------------", "-" * 16],
         ["by_id", "r1", "true", "12", "340", "4", "-"],
         ["kept", "r1", "false", "0", "0", "0", "division", "by", "zero"],
+        ["late", "r1", "3/8", "tasks", "0", "0", "0", "-"],
     ]
-    assert lines[14].split() == ["COLLECTION", "ID", "SINCE", "WRITE_FRONTIER"]
+    assert lines[15].split() == ["COLLECTION", "ID", "SINCE", "WRITE_FRONTIER", "STALE_MS"]
     (view,) = json.loads(tandem("status", "prod", "--json")[1])
     assert view["unavailable_dataflows"] == {"kept": "failed on r1: division by zero"}
     r1 = view["replicas"][0]
@@ -550,6 +641,8 @@ def test_status_and_dataflow_list_say_what_fails(tandem, api, monkeypatch):
         "last_step_ms": 340,
         "rows_changed": 4,
         "steps": 12,
+        "hydration_tasks_done": 0,
+        "hydration_tasks_total": 0,
     }
     assert (r1["consecutive_failures"], r1["next_retry_ms"]) == (3, 1_700_000_000_000)
 
@@ -614,7 +707,10 @@ def test_serve_hands_its_options_to_the_runtime(monkeypatch, tmp_path):
         "--gc-grace-ms", "60000", "--upkeep-interval-ms", "250",
     ]
     assert main(["serve", *storage_options]) == 0
-    defaults = {"blob_uri": None, "retention_ms": None, "gc_grace_ms": None, "upkeep_interval_ms": None}
+    defaults = {
+        "blob_uri": None, "retention_ms": None, "gc_grace_ms": None, "upkeep_interval_ms": None,
+        "security": ServerSecurity(), "http_listen": "127.0.0.1:6876",
+    }
     assert calls == [
         {"data_dir": tmp_path, "catalog_url": None, "listen": "127.0.0.1:7000", **defaults},
         {
@@ -631,8 +727,18 @@ def test_serve_hands_its_options_to_the_runtime(monkeypatch, tmp_path):
             "retention_ms": 1000,
             "gc_grace_ms": 60000,
             "upkeep_interval_ms": 250,
+            "security": ServerSecurity(),
+            "http_listen": "127.0.0.1:6876",
         },
     ]
+    assert main(["serve", "--http-listen", "off"]) == 0
+    assert calls[-1]["http_listen"] is None
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    assert main(["serve", "--auth-token-file", str(token)]) == 0
+    assert calls[-1]["security"] == ServerSecurity(None, token, "s3cret")
+    assert main(["serve", "--tls-client-ca", str(token)]) == 1  # a CA without TLS: refused
+    assert main(["serve", "--tls-cert", str(token)]) == 1  # a certificate without its key
 
 
 def test_serve_help_states_the_runtime_defaults(capsys):
@@ -660,3 +766,53 @@ def test_serve_refuses_a_bad_blob_location_or_option_at_start(tmp_path, capsys, 
     assert main(["serve", "--data-dir", str(tmp_path / "data"), *options]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: INVALID_ARGUMENT: ") and named.format(file=tmp_path / "a-file") in err
+
+
+# --- Progress --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def terminal(monkeypatch):
+    """What progress draws, as if stderr were a terminal."""
+    from rich.console import Console
+
+    from controller import _progress
+
+    screen = io.StringIO()
+    monkeypatch.setattr(_progress, "_console", lambda: Console(file=screen, force_terminal=True, width=120))
+    return screen
+
+
+def test_a_long_call_shows_what_its_poll_reports_and_returns_its_result(terminal):
+    from controller import _progress
+
+    def slow() -> int:
+        time.sleep(1.2)
+        return 42
+
+    assert _progress.while_running(slow, lambda: ("replica r3: active, 1 of 2 dataflows hydrated", 1, 2)) == 42
+    drawn = terminal.getvalue()
+    assert "replica r3: active, 1 of 2 dataflows hydrated" in drawn and "1/2" in drawn
+
+    def refused() -> None:
+        raise TandemError(grpc.StatusCode.DEADLINE_EXCEEDED, "replica r3 did not get in sync")
+
+    with pytest.raises(TandemError, match="did not get in sync"):
+        _progress.while_running(refused, lambda: ("waiting", None, None))
+
+
+def test_reading_a_file_counts_its_bytes(terminal):
+    from controller import _progress
+
+    lines = ["id,name\n", "1,é\n"]
+    assert list(_progress.counted_bytes(lines, 13, "reading rows.csv")) == lines
+    assert "reading rows.csv" in terminal.getvalue()
+
+
+def test_progress_draws_nothing_when_stderr_is_not_a_terminal(capsys):
+    from controller import _progress
+
+    assert _progress.while_running(lambda: "done", lambda: ("never drawn", 0, 1)) == "done"
+    with _progress.spinner("never drawn either"):
+        pass
+    assert capsys.readouterr() == ("", "")

@@ -35,6 +35,7 @@ from controller._api import (
     ControllerError,
     DataflowStatusView,
     DataflowView,
+    EventView,
     InstanceView,
     ReadResult,
     ReplicaView,
@@ -47,6 +48,7 @@ from protocol import ProtocolError, table_to_ipc
 from protocol import controller_codec as codec
 from protocol import controller_pb2 as pb
 from protocol import controller_pb2_grpc as pb_grpc
+from protocol.security import ServerSecurity
 from storage import InvalidArgument, parse_schema, schema_to_ddl, to_batch
 
 # --- The fake --------------------------------------------------------------------------
@@ -81,6 +83,7 @@ class FakeApi:
         self.batches: dict[str, list[pa.Table]] = {}  # source -> appended batches
         self.dataflows: dict[tuple[str, str], DataflowView] = {}
         self.unavailable: dict[str, dict[str, str]] = {}  # instance -> dataflow -> why
+        self.events_recorded: list[EventView] = []
         self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
         self.fail: BaseException | None = None
         self.delay = 0.0
@@ -122,16 +125,18 @@ class FakeApi:
             options["min_in_sync"],
             options["max_lag_ms"] or 1000,
             options["replica_timeout_ms"] or 5000,
+            options.get("max_hold_back_ms") or 300_000,
             3 + len(collections),
             1,
             10,
             replicas,
             tuple(collections),
             self.unavailable.get(name, {}),
+            replace_slow=bool(options.get("replace_slow")),
         )
 
     async def create_instance(
-        self, name, *, min_in_sync=1, max_lag_ms=None, replica_timeout_ms=None, spark_conf=None
+        self, name, *, min_in_sync=1, max_lag_ms=None, replica_timeout_ms=None, spark_conf=None, max_hold_back_ms=None, replace_slow=None
     ):
         await self._enter(
             "create_instance",
@@ -140,6 +145,8 @@ class FakeApi:
             max_lag_ms=max_lag_ms,
             replica_timeout_ms=replica_timeout_ms,
             spark_conf=spark_conf,
+            max_hold_back_ms=max_hold_back_ms,
+            replace_slow=replace_slow,
         )
         if name in self.instances:
             raise ControllerError("ALREADY_EXISTS", f"instance {name!r} already exists")
@@ -151,6 +158,8 @@ class FakeApi:
             "min_in_sync": min_in_sync,
             "max_lag_ms": max_lag_ms,
             "replica_timeout_ms": replica_timeout_ms,
+            "max_hold_back_ms": max_hold_back_ms,
+            "replace_slow": replace_slow,
         }
         self.replicas[name] = {}
         return self._view(name)
@@ -438,6 +447,11 @@ class FakeApi:
             self._instance(instance)
         return [self._view(name) for name in sorted(self.instances) if instance in (None, name)]
 
+    async def events(self, instance=None, *, after=None, limit=100):
+        await self._enter("events", instance, after=after, limit=limit)
+        found = [e for e in self.events_recorded if instance in (None, e.instance) and (after is None or e.id > after)]
+        return found[:limit] if after is not None else found[-limit:]
+
 
 # --- The server ------------------------------------------------------------------------
 
@@ -446,8 +460,9 @@ class ServerThread:
     """A `ControllerServer` over `api` on 127.0.0.1:0, run by an event loop of its own in
     a daemon thread, so tests call it with the synchronous client."""
 
-    def __init__(self, api: Any) -> None:
+    def __init__(self, api: Any, security: ServerSecurity = ServerSecurity()) -> None:
         self.api = api
+        self.security = security
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
@@ -458,7 +473,7 @@ class ServerThread:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=30)
 
     async def _start(self) -> ControllerServer:
-        server = ControllerServer(self.api, "127.0.0.1:0")
+        server = ControllerServer(self.api, "127.0.0.1:0", self.security)
         await server.start()
         return server
 
@@ -535,8 +550,10 @@ def test_instances_round_trip(client, api):
         max_lag_ms=500,
         replica_timeout_ms=3000,
         spark_conf={"spark.sql.shuffle.partitions": "4"},
+        max_hold_back_ms=20_000,
+        replace_slow=True,
     )
-    assert view == api._view("prod")
+    assert view == api._view("prod") and (view.max_hold_back_ms, view.replace_slow) == (20_000, True)
     assert api.last("create_instance") == (
         ("prod",),
         {
@@ -544,6 +561,8 @@ def test_instances_round_trip(client, api):
             "max_lag_ms": 500,
             "replica_timeout_ms": 3000,
             "spark_conf": {"spark.sql.shuffle.partitions": "4"},
+            "max_hold_back_ms": 20_000,
+            "replace_slow": True,
         },
     )
     client.create_instance("dev")
@@ -552,6 +571,8 @@ def test_instances_round_trip(client, api):
         "max_lag_ms": None,
         "replica_timeout_ms": None,
         "spark_conf": None,
+        "max_hold_back_ms": None,
+        "replace_slow": None,
     }
     assert [v.name for v in client.list_instances()] == ["dev", "prod"]
     client.drop_instance("dev")
@@ -660,7 +681,9 @@ def failing(view: ReplicaView) -> ReplicaView:
         dataflows={
             "by_id": DataflowStatusView(True, None, "ab12", 340, 4, 12),
             "kept": DataflowStatusView(False, "division by zero", "", 0, 0, 0),
+            "late": DataflowStatusView(False, None, "", 0, 0, 0, hydration_tasks_done=3, hydration_tasks_total=8),
         },
+        metrics_address="127.0.0.1:9100",
         consecutive_failures=3,
         last_failure="refused (STALE_EPOCH): epoch 1 < 2",
         next_retry_ms=1_700_000_000_000,
@@ -685,11 +708,26 @@ def test_failures_errors_and_dataflow_statuses_arrive_complete(client, api, serv
     assert view.unavailable_dataflows == {"kept": "failed on r1: division by zero"}
     r1, r2 = view.replicas
     assert r1.dataflows["kept"].error == "division by zero" and r1.next_retry_ms == 1_700_000_000_000
+    assert (r1.dataflows["late"].hydration_tasks_done, r1.dataflows["late"].hydration_tasks_total) == (3, 8)
+    assert (r1.metrics_address, r2.metrics_address) == ("127.0.0.1:9100", None)
     assert (r2.errors, r2.dataflows, r2.last_failure, r2.next_retry_ms) == ((), {}, None, None)
     dataflows = client.list_dataflows("prod")
     assert dataflows == server.run(api.list_dataflows("prod"))
     assert dataflows[1].replicas == {"r1": DataflowStatusView(False, "division by zero", "", 0, 0, 0)}
     assert dataflows[0].replicas["r1"].error is None  # absent, not ""
+
+
+def test_events_round_trip_with_their_paging(client, api):
+    api.events_recorded = [
+        EventView(1, 1_000, "main", "replica_failed", "r1", "replica r1 (incarnation 1) failed: stream broke"),
+        EventView(2, 1_001, "main", "took_over", "", "controller epoch 2 recovered the instance"),
+        EventView(3, 1_002, "other", "slow", "r9", "replica r9 is slow"),
+    ]
+    assert client.events() == api.events_recorded
+    assert api.last("events") == ((None,), {"after": None, "limit": 100})
+    assert client.events("main", limit=1) == api.events_recorded[1:2]
+    assert client.events(after=1, limit=5) == api.events_recorded[1:]
+    assert api.last("events") == ((None,), {"after": 1, "limit": 5})
 
 
 def test_sources_and_append_of_mappings_keep_python_types(client, api):
@@ -1113,9 +1151,9 @@ def test_peek_deadline_follows_its_timeout(client, api, monkeypatch):
 
     class Recorder:
         def __getattr__(self, method):
-            def call(request, timeout):
+            def call(request, timeout, metadata):
                 seen.append((method, timeout))
-                return getattr(stub, method)(request, timeout=timeout)
+                return getattr(stub, method)(request, timeout=timeout, metadata=metadata)
 
             return call
 
@@ -1131,7 +1169,8 @@ def test_an_unreachable_controller_is_unavailable_naming_the_address():
     address = free_address()
     error = refusal(lambda: Client.connect(address, timeout=0.3))
     assert error.code is grpc.StatusCode.UNAVAILABLE
-    assert error.message == f"cannot reach the controller at {address} (no answer within 0.3 s)"
+    assert error.message.startswith(f"cannot reach the controller at {address} (no answer within 0.3 s): ")
+    assert "Connection refused" in error.message  # gRPC's last connection error, not only the wait
     with Client(address) as client:
         error = refusal(lambda: client.list_instances())
     assert error.code is grpc.StatusCode.UNAVAILABLE

@@ -7,21 +7,30 @@ build on each other's state, as an operator's session would.
 
 from __future__ import annotations
 
+import json
 import os
+from collections import Counter
+import re
+import shutil
 import signal
+import subprocess
 import threading
 import time
+import urllib.request
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from catalog import Catalog, Fenced, default_url
+from controller.cli import main
 from controller.client import Client, TandemError
 from controller._process import ControllerProcess, kill_replicas, wait_until
 
 pytestmark = pytest.mark.spark
 
 SCHEMA = "id BIGINT NOT NULL, region STRING, amount DOUBLE"
+CHROMIUM = shutil.which("chromium")
 TOTALS = "select region, sum(amount) as total, count(*) as n from sales group by region"
 
 
@@ -189,10 +198,28 @@ def test_drop_replica_below_min_in_sync_is_refused_without_force(cluster):
     client.drop_instance("solo")
 
 
+def scrape(cluster, address: str | None = None) -> dict[tuple[str, frozenset], float]:
+    """The /metrics of the controller (or of the process at `address`): (sample name,
+    its labels) -> value."""
+    with urllib.request.urlopen(f"http://{address or cluster['controller'].metrics_address}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
 def test_killing_a_replica_under_peek_load_fails_no_peek(cluster):
+    """Also what the metrics show meanwhile: the failure and the rehydration counted,
+    the dead replica's lag rising and then falling again, reads won by the other."""
     client: Client = cluster["client"]
     victim = replicas(client)["r1"]
     errors, answers, stop = [], [], threading.Event()
+    r1 = frozenset({("instance", "main"), ("replica", "r1")})
+    before = scrape(cluster)
+    index = next(d.index_id for d in client.list_dataflows("main") if d.name == "totals")
+    lag = frozenset({("instance", "main"), ("replica", "r1"), ("collection", index)})
 
     def peek_loop():
         with Client.connect(cluster["controller"].address) as own:
@@ -206,11 +233,13 @@ def test_killing_a_replica_under_peek_load_fails_no_peek(cluster):
     loop.start()
     time.sleep(2)
     os.kill(victim.pid, signal.SIGKILL)
-    rehydrated = wait_until(
-        lambda: (r := replicas(client)["r1"]).epoch > victim.epoch and r.in_sync and r.pid != victim.pid and r,
-        180,
-        "r1 to be rehydrated",
-    )
+    lags = []
+
+    def back() -> object:
+        lags.append(scrape(cluster).get(("tandem_wallclock_lag_seconds", lag), 0.0))
+        return (r := replicas(client)["r1"]).epoch > victim.epoch and r.in_sync and r.pid != victim.pid and r
+
+    rehydrated = wait_until(back, 180, "r1 to be rehydrated")
     time.sleep(1)
     stop.set()
     loop.join()
@@ -219,9 +248,22 @@ def test_killing_a_replica_under_peek_load_fails_no_peek(cluster):
     assert all(a.rows == answers[0].rows for a in answers)
     assert {a.replica for a in answers} >= {"r2"}
     assert rehydrated.dataflows_built >= 1
+    after = scrape(cluster)
+    assert after[("tandem_replica_failures_total", r1)] > before[("tandem_replica_failures_total", r1)]
+    assert after[("tandem_rehydrations_total", r1)] > before[("tandem_rehydrations_total", r1)]
+    assert after[("tandem_replica_in_sync", r1)] == 1.0
+    assert max(lags) > 2 * lags[-1] and max(lags) > 1.0, lags  # rose while it was down, fell back
+    won = frozenset({("instance", "main"), ("replica", "r2"), ("outcome", "rows")})
+    assert after[("tandem_peeks_total", won)] > before.get(("tandem_peeks_total", won), 0)
+    assert after[("tandem_history_commands", frozenset({("instance", "main")}))] > 0
+    # The replica serves its own metrics, at the address its status gives.
+    own = scrape(cluster, rehydrated.metrics_address)
+    totals = frozenset({("dataflow", "totals")})
+    assert own[("tandem_replica_hydrated", totals)] == 1.0 and own[("tandem_replica_dataflows", frozenset())] == 1
+    assert own[("tandem_replica_step_seconds_count", totals)] >= 1 and ("tandem_replica_write_frontier_ms", totals) in own
 
 
-def test_controller_kill_and_restart_reconciles_replicas(cluster):
+def test_controller_kill_and_restart_reconciles_replicas(cluster, capsys):
     client: Client = cluster["client"]
     t = client.append("sales", [{"id": 100, "region": "west", "amount": 5.0}])
     client.peek("main", "totals", key="west", consistency="strict", timeout_ms=60_000)
@@ -242,6 +284,129 @@ def test_controller_kill_and_restart_reconciles_replicas(cluster):
     result = client.peek("main", "totals", key="west", consistency="strict")
     assert result.rows == [{"region": "west", "total": 5.0, "n": 1}]
 
+    # What happened is in the catalog's events, across the restart, and `tandem events`.
+    recorded = client.events("main", limit=1_000)
+    events = [(e.kind, e.replica) for e in recorded]
+    assert {("replica_added", "r1"), ("replica_failed", "r1"), ("rehydrating", "r1"), ("hydrated", "r2")} <= set(events)
+    after_restart = events[events.index(("took_over", "")) :]
+    assert {("reconciled", "r1"), ("reconciled", "r2")} <= set(after_restart), after_restart
+    # Found on the status page: the recovered instance's clock started at 0, so at the
+    # first tick every replica looked silent since 1970 and was failed, then resumed.
+    assert not any(kind == "replica_failed" for kind, _ in after_restart), after_restart
+    assert main(["events", "--address", cluster["controller"].address, "--instance", "main", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    ids = [e["id"] for e in printed]
+    assert 0 < len(printed) <= 50 and ids == sorted(ids) and ids[-1] >= recorded[-1].id  # the latest 50, oldest first
+    assert all(e["instance"] == "main" and e["message"] for e in printed)
+
+
+class Subscriber:
+    """A client following the feed of `totals` on a thread: every batch, in order."""
+
+    def __init__(self, address: str, **options) -> None:
+        self.batches: list = []
+        self.error: Exception | None = None
+        self._client = Client.connect(address)
+        self._feed = self._client.subscribe("main", "totals", progress=True, **options)
+        self._thread = threading.Thread(target=self._follow, daemon=True)
+        self._thread.start()
+
+    def _follow(self) -> None:
+        try:
+            for batch in self._feed:
+                self.batches.append(batch)
+        except Exception as error:  # the controller went away: the stream broke
+            self.error = error
+
+    @property
+    def progress(self) -> int:
+        return max((b.progress for b in self.batches if b.progress is not None), default=-1)
+
+    def close(self) -> None:
+        self._client.close()
+        self._thread.join(timeout=30)
+
+
+def test_a_feed_of_an_aggregate_survives_replica_and_controller_kills_exactly_once(cluster):
+    """Issue 12's "done when", for a dataflow with a materialized view: the feed goes on
+    through a replica's kill -9, is resumed from its last progress after the
+    controller's kill -9, and no time is delivered twice; consolidated through a
+    progress, it is what a peek at that time reads."""
+    client: Client = cluster["client"]
+    subscriber = Subscriber(cluster["controller"].address)
+    wait_until(lambda: subscriber.batches, 60, "the snapshot")
+    changes = [
+        [{"id": 200, "region": "north", "amount": 1.5}, {"id": 201, "region": "east", "amount": 2.0}],
+        [{"id": 200, "region": "north", "amount": 1.5, "_diff": -1}],  # a retraction
+        [{"id": 201, "region": "east", "amount": 2.0, "_diff": -1}, {"id": 202, "region": "east", "amount": 9.0}],
+    ]
+    times = [client.append("sales", rows) for rows in changes[:2]]
+    os.kill(replicas(client)["r1"].pid, signal.SIGKILL)  # mid-stream
+    times.append(client.append("sales", changes[2]))
+    wait_until(lambda: subscriber.progress >= times[-1], 120, "the feed past the last append")
+    before_kill = subscriber.progress
+    checked = {before_kill: client.peek("main", "totals", timestamp=before_kill, timeout_ms=60_000).rows}
+
+    cluster["controller"].kill()
+    wait_until(lambda: subscriber.error is not None, 30, "the stream to break with the controller")
+    resume_at = subscriber.progress
+    subscriber.close()
+    cluster["controller"] = ControllerProcess(cluster["data_dir"], log_name="controller-3.log")
+    client = _reconnect(cluster)
+    resumed = Subscriber(cluster["controller"].address, as_of=resume_at, snapshot=False)
+    later = client.append("sales", [{"id": 203, "region": "west", "amount": 4.0}])
+    wait_until(lambda: resumed.progress >= later, 120, "the resumed feed past the new append")
+    final = resumed.progress
+    checked[final] = client.peek("main", "totals", timestamp=final, timeout_ms=60_000).rows
+    resumed.close()
+
+    batches = subscriber.batches + resumed.batches
+    delivered = [{row["_time"] for row in b.updates.to_pylist()} for b in batches]
+    assert all(not (a & b) for i, a in enumerate(delivered) for b in delivered[i + 1 :])  # no time twice
+    assert set().union(*delivered) >= set(times) | {later}  # every change arrived
+
+    def feed_at(time: int) -> Counter:
+        counts: Counter = Counter()
+        for batch in batches:
+            for row in batch.updates.to_pylist():
+                if row["_time"] <= time:
+                    counts[(row["region"], row["total"], row["n"])] += row["_diff"]
+        return +counts
+
+    for time, rows in checked.items():
+        assert feed_at(time) == Counter((r["region"], r["total"], r["n"]) for r in rows), time
+
+
+def _chromium(url: str, *options: str) -> str:
+    """Load `url` in headless Chromium, letting its scripts run for a few (virtual)
+    seconds; what Chromium printed."""
+    command = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=6000", *options, url]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout
+
+
+def _api_status(cluster) -> dict:
+    with urllib.request.urlopen(f"http://{cluster['controller'].metrics_address}/api/status", timeout=10) as response:
+        return json.load(response)
+
+
+def test_the_status_page_shows_replicas_lag_plots_and_events_in_a_browser(cluster, tmp_path):
+    assert CHROMIUM, "the status page test needs Debian's chromium (.ci/run installs it)"
+    main_lag = lambda: (status := _api_status(cluster)) and all(len(points) >= 2 for points in status["instances"][0]["lag_history"].values()) and status
+    status = wait_until(main_lag, 30, "two lag samples of every collection")
+    (instance,) = status["instances"]
+    assert [r["name"] for r in instance["replicas"]] == ["r1", "r2"] and instance["lag_history"]
+    assert any(e["kind"] == "took_over" for e in status["events"])
+
+    page = f"http://{cluster['controller'].metrics_address}/"
+    dom = _chromium(page, "--dump-dom")
+    assert 'data-replica="r1"' in dom and 'data-replica="r2"' in dom, dom[-2_000:]
+    assert dom.count('class="lag-plot"') == len(instance["collections"])
+    assert re.search(r'<polyline points="[\d.]+,[\d.]+ [\d.]+,[\d.]+', dom)  # a line through the samples
+    assert 'data-kind="took_over"' in dom and 'data-dataflow="totals"' in dom
+    screenshot = tmp_path / "status-page.png"
+    _chromium(page, f"--screenshot={screenshot}", "--window-size=1280,1500", "--hide-scrollbars")
+    assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and screenshot.stat().st_size > 20_000
+
 
 def test_a_second_controller_fences_the_first(cluster):
     old = Catalog.open(default_url(cluster["data_dir"]))
@@ -252,7 +417,14 @@ def test_a_second_controller_fences_the_first(cluster):
         old.write_ts()
     old.close()
     newer.close()
-    # The running controller was fenced too: its next write is refused.
-    with pytest.raises(TandemError) as error:
+    # The running controller was fenced too: it stops serving (a call that reaches it
+    # first is UNAVAILABLE, naming the newer epoch) and exits, saying why.
+    try:
         cluster["client"].create_source("late", SCHEMA)
-    assert error.value.code == grpc.StatusCode.FAILED_PRECONDITION and "epoch" in error.value.message
+        raise AssertionError("a fenced controller accepted a write")
+    except TandemError as error:
+        assert error.code == grpc.StatusCode.UNAVAILABLE
+        assert "epoch" in error.message or "connect" in error.message.lower()
+    process = cluster["controller"].process
+    assert process.wait(timeout=30) == 1
+    assert "error: UNAVAILABLE: controller epoch" in cluster["controller"].log_path.read_text()

@@ -27,6 +27,7 @@ from controller._process import ControllerProcess, kill_replicas, wait_until
 from fault_proxy import FaultProxy
 from replica_harness import ReplicaProcess, ScriptedClient
 from replica_service import _spark
+from replica_service._replica import PERTURB_ENV
 from storage import file_schema, parse_schema, snapshot_of
 
 pytestmark = pytest.mark.spark
@@ -106,7 +107,7 @@ def drill(tmp_path_factory):
     root = tmp_path_factory.mktemp("drill")
     state = Drill(root)
     client = state.client
-    client.create_instance("duo", min_in_sync=1, replica_timeout_ms=3000, max_lag_ms=2000)
+    client.create_instance("duo", min_in_sync=1, replica_timeout_ms=3000, max_lag_ms=2000, max_hold_back_ms=10_000)
     client.add_replica("duo", "managed", size="xsmall")
     external = ReplicaProcess(default_url(root), root / "blobs", log_path=root / "external.log")
     proxy = FaultProxy(external.address)
@@ -268,6 +269,116 @@ def test_controller_killed_mid_operations_leaves_catalog_and_replicas_agreeing(d
         client.peek("duo", name, consistency="strict", timeout_ms=60_000)
     for name in [n for n in dataflows if n.startswith("churn")]:
         client.drop_dataflow("duo", name)
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below `pid` (its JVM, say), from /proc."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        children = parents.get(todo.pop(), [])
+        found += children
+        todo += children
+    return found
+
+
+def test_a_stuck_replica_stops_holding_compaction_back_and_comes_back(drill):
+    """Bounded hold-back: the external replica's JVM is stopped, so its Python side
+    still heartbeats while its frontier stands still. Appends go on; past the instance's
+    max_hold_back_ms (10 s) the replica no longer holds the dataflow's input (the hold
+    on `sales` moves on with the other replica) and is rehydrated; let go, it gets back
+    in sync."""
+    catalog = Catalog.open(default_url(drill.root))
+    source = catalog.collection_by_name("sales").id
+    key = catalog.dataflow_by_name("duo", "totals").export_ids[0]
+
+    def hold() -> int:
+        return dict(catalog.manifest(source).holds)[f"duo/{key}"].time
+
+    jvms = [pid for pid in _descendants(drill.external.pid) if b"java" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert jvms, "the external replica's JVM was not found"
+    stopped_at = drill.client.append("sales", [{"id": 1_000, "region": "north", "amount": 1.0}])
+    for pid in jvms:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 90
+        while "max_hold_back_ms" not in (drill.replicas("duo")["external"].last_failure or ""):
+            assert time.monotonic() < deadline, f"not evicted: {drill.replicas('duo')['external']}"
+            drill.client.append("sales", [{"id": 1_001, "region": "south", "amount": 1.0}])
+            time.sleep(0.5)
+        wait_until(lambda: hold() > stopped_at + 5_000, 30, "the input hold to move past the stuck replica")
+    finally:
+        for pid in jvms:
+            os.kill(pid, signal.SIGCONT)
+        catalog.close()
+    wait_until(lambda: drill.replicas("duo")["external"].in_sync, 180, "the stuck replica back in sync")
+    drill.peek("duo", "north")
+
+
+def test_a_replica_computing_wrong_answers_is_caught_and_answers_no_read(drill):
+    """Divergence: a third replica, started with the test hook that makes it compute a
+    wrong `totals` (one row twice), disagrees with the other two on the digest of a
+    version they all computed. It is named in status and the events, counted, and
+    rehydrated; it keeps computing wrongly, so it stays untrusted, and no peek takes its
+    answer (`verify` checks every answer of the module against Spark)."""
+    wrong = ReplicaProcess(
+        default_url(drill.root), drill.root / "blobs", log_path=drill.root / "wrong.log", env={PERTURB_ENV: "totals"}
+    )
+    try:
+        drill.client.add_replica("duo", "wrong", address=wrong.address)
+        wait_until(lambda: drill.replicas("duo")["wrong"].hydrated, 180, "the wrong replica hydrated")
+        deadline = time.monotonic() + 60
+        while not drill.replicas("duo")["wrong"].diverged:  # versions all three compute
+            assert time.monotonic() < deadline, f"not caught: {drill.client.status('duo')[0].events}"
+            drill.client.append("sales", [{"id": 2_000, "region": "east", "amount": 2.0}])
+            time.sleep(1)
+        (view,) = drill.client.status("duo")
+        assert view.divergences >= 1 and any("replica wrong diverged on dataflow totals" in e for e in view.events)
+        assert not view.replicas[[r.name for r in view.replicas].index("wrong")].in_sync
+        for _ in range(3):
+            drill.client.append("sales", [{"id": 2_001, "region": "west", "amount": 3.0}])
+            for region in REGIONS:
+                assert drill.peek("duo", region).replica != "wrong"
+    finally:
+        drill.client.drop_replica("duo", "wrong", force=True)
+        wrong.stop()
+
+
+def test_two_replicas_that_disagree_are_settled_by_a_recompute_from_storage(drill):
+    """With two replicas there is no majority: the controller recomputes the disputed
+    version from storage on its own Spark, with the replicas' code, and distrusts the
+    replica whose digest differs (the wrong one), never the right one."""
+    client = drill.client
+    client.create_instance("pair", min_in_sync=1, replica_timeout_ms=3000, max_lag_ms=2000)
+    wrong = ReplicaProcess(
+        default_url(drill.root), drill.root / "blobs", log_path=drill.root / "pair-wrong.log", env={PERTURB_ENV: "totals"}
+    )
+    try:
+        client.add_replica("pair", "right", size="xsmall")
+        client.add_replica("pair", "wrong", address=wrong.address)
+        client.create_dataflow("pair", "totals", TOTALS, index_key=["region"])
+        wait_until(lambda: all(r.hydrated for r in drill.replicas("pair").values()), 240, "both hydrated")
+        deadline = time.monotonic() + 90
+        while not drill.replicas("pair")["wrong"].diverged:
+            assert time.monotonic() < deadline, f"not settled: {client.status('pair')[0].events}"
+            client.append("sales", [{"id": 3_000, "region": "north", "amount": 4.0}])
+            time.sleep(1)
+        (view,) = client.status("pair")
+        assert any("recomputing that version from storage" in e for e in view.events)
+        assert not any("no replica matches" in e for e in view.events), view.events
+        assert view.replicas[[r.name for r in view.replicas].index("right")].diverged is None
+        for region in REGIONS:
+            assert client.peek("pair", "totals", key=region, timeout_ms=20_000).replica == "right"
+    finally:
+        client.drop_instance("pair")
+        wrong.stop()
 
 
 def test_a_stale_controller_is_refused_by_replicas_and_the_catalog(drill):

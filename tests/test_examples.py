@@ -57,6 +57,7 @@ def run(*argv: str) -> str:
         pytest.param("failover.py", " 0 failed", id="failover"),
         pytest.param("resize.py", " 0 failed", id="resize"),
         pytest.param("recovery.py", "r1 reconciled: pid", id="recovery"),
+        pytest.param("subscribe.py", "the resumed feed ended at up_to", id="subscribe"),
     ],
 )
 def test_example(script, expected):

@@ -277,13 +277,12 @@ def test_update_configurations_merge_into_one_and_none_keeps_the_old_value():
         INSTANCE,
         UpdateConfiguration(ComputeParameters(max_result_rows=10, heartbeat_interval_ms=500)),
         UpdateConfiguration(ComputeParameters(heartbeat_interval_ms=250, input_poll_interval_ms=7)),
-        UpdateConfiguration(ComputeParameters(max_result_rows=None, arrangement_max_versions=3)),
+        UpdateConfiguration(ComputeParameters(max_result_rows=None, input_poll_interval_ms=3)),
     ]
     merged = ComputeParameters(
         max_result_rows=10,
         heartbeat_interval_ms=250,
-        input_poll_interval_ms=7,
-        arrangement_max_versions=3,
+        input_poll_interval_ms=3,
     )
     assert_reduces_to(commands, [INSTANCE, UpdateConfiguration(merged)])
     assert apply(commands).parameters == merged

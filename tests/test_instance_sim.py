@@ -20,12 +20,14 @@ a seed of the random runs and then minimized.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
 
 from catalog import DEFAULT_MAX_LAG_MS, DEFAULT_MIN_IN_SYNC, DEFAULT_REPLICA_TIMEOUT_MS
 from controller._instance import (
+    Arbitrate,
     ComputeInstance,
     Connect,
     Disconnect,
@@ -99,9 +101,20 @@ def connect(instance: ComputeInstance, name: str) -> tuple[ComputeCommand, ...]:
     return send.commands
 
 
+def recorded(instance: ComputeInstance, effects: list) -> list:
+    """`effects`, followed by what the instance does once the driver has recorded their
+    sinces (and then those of what that moved), as the driver does it: by batch."""
+    result, batch = list(effects), effects
+    while sinces := {e.id: e.since for e in batch if isinstance(e, SinceAdvanced)}:
+        batch = instance.sinces_recorded(sinces)
+        result += batch
+    return result
+
+
 def report(instance: ComputeInstance, name: str, id: str, time: int | None) -> list:
+    """Replica `name` reports `id`'s write frontier; its sinces are recorded at once."""
     epoch = instance.replicas[name].epoch
-    return instance.handle_response(name, epoch, FrontiersResponse(id, Frontier(time)))
+    return recorded(instance, instance.handle_response(name, epoch, FrontiersResponse(id, Frontier(time))))
 
 
 def rows(text: str) -> PeekRows:
@@ -146,13 +159,12 @@ def test_first_response_wins_and_the_rest_are_counted_late():
 
     effects = instance.handle_response("r2", 1, PeekResponse("p1", rows("from r2")))
 
-    # The caller gets the answer, then CancelPeek goes everywhere, then the hold goes.
+    # The caller gets the answer, then CancelPeek goes everywhere, then the hold goes:
+    # the since moves, to be recorded before the replicas may compact.
     assert effects[0] == PeekDone("p1", rows("from r2"), "r2")
     assert sent(effects[1:3]) == [CancelPeek("p1"), CancelPeek("p1")]
-    assert effects[3:] and all(
-        isinstance(e, (Send, SinceAdvanced, StorageHold)) for e in effects[3:]
-    )
-    assert AllowCompaction("u2", Frontier(9)) in sent(effects)
+    assert effects[3:] == [SinceAdvanced("u2", Frontier(9))]
+    assert AllowCompaction("u2", Frontier(9)) in sent(recorded(instance, effects))
     assert Peek("p1", IndexTarget("u2"), 5) not in reduce_commands(instance.history.commands)  # cancelled
     assert instance.replicas["r2"].peeks_won == 1
 
@@ -694,7 +706,7 @@ def test_a_dropped_dataflow_releases_its_storage_holds():
     replica's frontier instead of going, and the dataflow was forgotten still holding."""
     instance = new_instance()
     connect(instance, "r1")
-    assert storage_holds(instance.create_dataflow(dataflow("u2", as_of=100))) == [Frontier(100)]
+    assert storage_holds(instance.create_dataflow(dataflow("u2", as_of=100))) == []  # the catalog took it
     assert storage_holds(report(instance, "r1", "u2", 150)) == [Frontier(149)]
 
     effects = instance.drop_dataflow("u2")
@@ -924,3 +936,247 @@ def test_the_simulator_catches_a_hot_loop(monkeypatch):
     with pytest.raises(SimulationFailure, match="no backoff"):
         for seed in range(20):
             run_seed(seed, **options(seed))
+
+
+def test_a_replica_held_back_too_far_is_evicted_from_the_holds_and_rehydrated():
+    """A replica alive but stuck (its heartbeats arrive, its frontier does not move)
+    held its dataflows' inputs at its frontier forever. Past `max_hold_back_ms` behind
+    W it holds nothing and starts a new session at the current sinces."""
+    instance = new_instance(max_hold_back_ms=1_000, replica_timeout_ms=60_000)
+    connect(instance, "r1")
+    connect(instance, "r2")
+    instance.create_dataflow(dataflow("u2", as_of=100))
+    report(instance, "r1", "u2", 200)
+    report(instance, "r2", "u2", 200)
+    for time in range(300, 1_300, 100):  # r2 stays at 200
+        report(instance, "r1", "u2", time)
+        assert instance.dataflows["u2"].input_holds["u1"] == Frontier(200)
+        assert instance.tick(time) == []  # within the bound: it holds them
+    effects = recorded(instance, report(instance, "r1", "u2", 1_201) + instance.tick(1_201))
+
+    assert Disconnect("r2", 1) in effects
+    assert instance.replicas["r2"].session is None  # no resume: that would hold again
+    assert "1001 ms behind W on u2, more than max_hold_back_ms = 1000" in instance.replicas["r2"].last_failure
+    assert storage_holds(effects)[-1] == Frontier(1_200)  # the inputs follow r1 alone
+    assert next(h for h in instance.health() if h.name == "r2").in_sync is False
+    (reconnect,) = [e for e in effects if isinstance(e, Connect)]
+    assert reconnect.resume is None
+    replay = connect(instance, "r2")
+    assert [c.desc.as_of for c in replay if isinstance(c, CreateDataflow)] == [Frontier(1_200)]
+
+
+def test_a_replica_that_ignores_a_dataflow_does_not_freeze_its_inputs():
+    """A replica that never reports a dataflow it was given (it could not build it and
+    said nothing) held the dataflow's inputs at its as_of forever: the instance waits
+    for a new session's first report. Past `max_hold_back_ms` it is rehydrated."""
+    instance = new_instance(max_hold_back_ms=1_000, replica_timeout_ms=60_000)
+    instance.tick(100)
+    connect(instance, "r1")
+    connect(instance, "r2")
+    instance.create_dataflow(dataflow("u2", as_of=100))
+    for time in range(200, 1_200, 100):
+        report(instance, "r1", "u2", time)  # r2 says nothing of u2
+        assert instance.dataflows["u2"].input_holds["u1"] == Frontier(100)
+        assert instance.tick(time) == []
+    effects = recorded(instance, instance.tick(1_101))
+
+    assert Disconnect("r2", 1) in effects
+    assert "it has not reported u2 for 1001 ms" in instance.replicas["r2"].last_failure
+    assert instance.dataflows["u2"].input_holds["u1"] == Frontier(1_099)
+
+
+def test_wallclock_lag_is_staleness_and_a_stale_dataflow_degrades_the_instance():
+    """With one replica `W - w_r` is always 0: the instance looked healthy while its
+    only replica had stopped moving. Lag against the clock shows it, and a collection
+    more than `max_lag_ms` behind the clock on every replica degrades the instance."""
+    instance = new_instance(max_lag_ms=500, replica_timeout_ms=60_000, max_hold_back_ms=60_000)
+    instance.tick(1_000)
+    connect(instance, "r1")
+    instance.create_dataflow(dataflow("u2", as_of=900))
+    report(instance, "r1", "u2", 1_000)
+    (health,) = instance.health()
+    assert (health.lag_ms, health.wallclock_lag_ms) == (0, 0)
+    assert instance.state() == "healthy"
+
+    instance.tick(1_400)
+    assert next(iter(instance.health())).wallclock_lag_ms == 400 and instance.state() == "healthy"
+    instance.tick(1_501)
+    (health,) = instance.health()
+    assert (health.lag_ms, health.wallclock_lag_ms, health.in_sync) == (0, 501, True)
+    assert instance.stale_collections() == {"u2": 501}
+    assert instance.state() == "degraded"
+    report(instance, "r1", "u2", 1_500)
+    assert instance.state() == "healthy"
+
+
+def test_a_replica_added_before_the_first_tick_is_not_silent_since_1970():
+    """A controller recovering adds its replicas before the driver's first tick; the
+    instance's clock starts at the driver's time, so that tick fails none of them."""
+    instance = ComputeInstance(CONFIG, InstanceOptions(replica_timeout_ms=4_000), now_ms=1_800_000_000_000)
+    instance.add_replica("r1")
+    connect(instance, "r1")
+    assert not any(isinstance(e, Disconnect) for e in instance.tick(1_800_000_000_500))
+    assert instance.replicas["r1"].phase == "active"
+
+
+def last_event(instance: ComputeInstance, kind: str) -> str:
+    return [e.message for e in instance.events if e.kind == kind][-1]
+
+
+def test_what_happens_to_replicas_and_dataflows_is_recorded_as_events():
+    """Failures, new sessions, resumes, hydration, reconciliation, dataflow errors and
+    slow replicas each leave one event naming the replica, in the order they happened."""
+    instance = new_instance(slow_after_ms=100, slow_period_ms=1_000)
+    connect(instance, "r1")
+    connect(instance, "r2")
+    instance.create_dataflow(dataflow("u2", as_of=100))
+    report(instance, "r1", "u2", 200)
+    instance.handle_response("r1", 1, StatusResponse(1, pid=7, dataflows_kept=0, dataflows_built=1))
+    instance.handle_response("r1", 1, StatusResponse(2, pid=7, dataflows_kept=0, dataflows_built=1))  # nothing new
+    failing = DataflowStatus("u2", False, error="CAST_INVALID_INPUT")
+    instance.handle_response("r2", 1, StatusResponse(1, (failing,)))
+    instance.handle_response("r2", 1, StatusResponse(2, (failing,)))  # reported once
+    instance.replica_failed("r1", 1, "stream broke")
+    instance.tick(10)
+    instance.replica_connected("r1", 2, "r1-2", resumed=True, applied=len(instance.history))
+    instance.replica_failed("r2", 1, "no message for 30000 ms")
+    instance.replicas["r2"].session = None
+    instance.tick(20)
+    connect(instance, "r2")
+    report(instance, "r2", "u2", 400)
+    instance.peek(Peek("p1", IndexTarget("u2"), 399))  # r1, at 200, has 200 ms to go when r2 wins
+    instance.handle_response("r2", 2, PeekResponse("p1", rows("")))
+    instance.tick(1_100)
+    instance.tick(1_200)
+
+    assert [(e.kind, e.replica) for e in instance.events] == [
+        ("rehydrating", "r1"),
+        ("rehydrating", "r2"),
+        ("hydrated", "r1"),
+        ("reconciled", "r1"),
+        ("dataflow_failed", "r2"),
+        ("replica_failed", "r1"),
+        ("resumed", "r1"),
+        ("replica_failed", "r2"),
+        ("rehydrating", "r2"),
+        ("hydrated", "r2"),
+        ("slow", "r1"),
+    ]
+    assert last_event(instance, "reconciled") == "replica r1 kept 0 and built 1 dataflows since its process started"
+    assert last_event(instance, "dataflow_failed") == "dataflow df_u2 failed on replica r2: CAST_INVALID_INPUT"
+    assert last_event(instance, "replica_failed").startswith("replica r2 (incarnation 1) failed: no message for 30000 ms")
+    assert instance.events_total == len(instance.events)
+
+
+def digest_report(instance: ComputeInstance, name: str, id: str, time: int, digest: str) -> list:
+    epoch = instance.replicas[name].epoch
+    status = StatusResponse(1, (DataflowStatus(id, True, digest=digest, digest_time=time),))
+    return recorded(instance, instance.handle_response(name, epoch, status))
+
+
+def test_a_replica_whose_digest_disagrees_with_the_majority_answers_nothing_and_is_rehydrated():
+    instance = new_instance()
+    for name in ("r1", "r2", "r3"):
+        connect(instance, name)
+    instance.create_dataflow(dataflow("u2", as_of=100))
+    for name in ("r1", "r2", "r3"):
+        report(instance, name, "u2", 200)
+    assert digest_report(instance, "r3", "u2", 150, "bad") == []  # nothing to compare yet
+    assert digest_report(instance, "r1", "u2", 150, "good") == []  # one against one: wait
+    instance.peek(Peek("p1", IndexTarget("u2"), 199))
+
+    effects = digest_report(instance, "r2", "u2", 150, "good")
+
+    r3 = instance.replicas["r3"]
+    assert Disconnect("r3", 1) in effects and r3.session is None  # rehydrated, not resumed
+    assert r3.diverged.startswith("dataflow df_u2 at 150: digest bad, 2 of 3 replicas have good")
+    assert instance.divergences == 1 and "replica r3 diverged" in last_event(instance, "diverged")
+    connect(instance, "r3")
+    report(instance, "r3", "u2", 200)
+    assert instance.handle_response("r3", 2, PeekResponse("p1", rows("wrong"))) == []  # not trusted
+    assert not next(h for h in instance.health() if h.name == "r3").in_sync
+    assert instance.handle_response("r1", 1, PeekResponse("p1", rows("right")))[0] == PeekDone("p1", rows("right"), "r1")
+
+    digest_report(instance, "r3", "u2", 180, "good2")  # recomputed: it agrees again
+    digest_report(instance, "r1", "u2", 180, "good2")
+    assert r3.diverged is None and "agrees with the others again" in last_event(instance, "agreed")
+    assert next(h for h in instance.health() if h.name == "r3").in_sync
+
+
+def test_two_replicas_that_disagree_are_settled_by_a_fresh_recompute():
+    """No majority: the version is recomputed from storage (once per time), and the
+    replica that disagrees with it has diverged."""
+    instance = new_instance()
+    connect(instance, "r1")
+    connect(instance, "r2")
+    instance.create_dataflow(dataflow("u2", as_of=100))
+    digest_report(instance, "r1", "u2", 150, "a")
+    assert digest_report(instance, "r2", "u2", 150, "b") == [Arbitrate("u2", 150)]
+    assert digest_report(instance, "r2", "u2", 150, "b") == []  # asked once
+    assert instance.divergences == 1 and "no majority" in last_event(instance, "arbitration")
+    assert all(r.diverged is None for r in instance.replicas.values())  # not yet decided
+
+    effects = instance.arbitrated("u2", 150, "b")
+
+    assert Disconnect("r1", 1) in effects and "a fresh recompute from storage has b" in instance.replicas["r1"].diverged
+    assert instance.replicas["r2"].diverged is None
+    assert instance.divergences == 1  # one disagreement, counted once
+
+
+def test_a_recompute_that_fails_or_matches_no_one_decides_nothing():
+    instance = new_instance()
+    connect(instance, "r1")
+    connect(instance, "r2")
+    instance.create_dataflow(dataflow("u2", as_of=100))
+    digest_report(instance, "r1", "u2", 150, "a")
+    digest_report(instance, "r2", "u2", 150, "b")
+    assert instance.arbitrated("u2", 150, None, "its input was compacted") == []
+    assert "could not recompute dataflow df_u2 at 150" in last_event(instance, "arbitration")
+    assert all(r.diverged is None for r in instance.replicas.values())
+    digest_report(instance, "r1", "u2", 160, "c")
+    digest_report(instance, "r2", "u2", 160, "d")
+    effects = instance.arbitrated("u2", 160, "e")
+    assert any("no replica matches a fresh recompute" in e.message for e in instance.events)
+    assert {Disconnect("r1", 1), Disconnect("r2", 1)} <= set(effects)  # neither is trusted
+
+
+def test_a_replica_that_loses_every_race_by_far_for_a_while_is_slow():
+    """A gray failure: r2 answers heartbeats and keeps computing, but always more than
+    `slow_after_ms` behind r1, so every peek at the readable time goes to r1. After
+    `slow_period_ms` of that it is reported slow; with `replace_slow`, rehydrated. A
+    race it loses by little clears it."""
+
+    def racing(**options) -> tuple[ComputeInstance, Callable[[int, int, int], list]]:
+        instance = new_instance(slow_after_ms=100, slow_period_ms=1_000, max_lag_ms=60_000, **options)
+        instance.tick(0)
+        connect(instance, "r1")
+        connect(instance, "r2")
+        instance.create_dataflow(dataflow("u2", as_of=0))
+
+        def race(now: int, r1_at: int, r2_at: int) -> list:
+            effects = instance.tick(now)
+            report(instance, "r1", "u2", r1_at)
+            report(instance, "r2", "u2", r2_at)
+            instance.peek(Peek(f"p{now}", IndexTarget("u2"), r1_at - 1))
+            return effects + instance.handle_response("r1", 1, PeekResponse(f"p{now}", rows("r1")))
+
+        return instance, race
+
+    instance, race = racing()
+    race(100, 100, 50)  # lost by 50 ms: not by far
+    assert instance.replicas["r2"].losing_since_ms is None
+    race(200, 300, 150)  # lost by 150 ms: losing from now on
+    race(700, 800, 600)
+    assert not any(h.slow for h in instance.health())
+    race(1_200, 1_300, 1_100)
+    assert [h.name for h in instance.health() if h.slow] == ["r2"]  # 1000 ms of losing by far
+    race(1_300, 1_400, 1_390)  # it caught up: lost by 10 ms only
+    assert instance.replicas["r2"].losing_since_ms is None and not any(h.slow for h in instance.health())
+
+    instance, race = racing(replace_slow=True)
+    race(200, 300, 150)
+    race(1_100, 1_200, 1_000)
+    assert instance.replicas["r2"].phase == "active"  # 900 ms of losing: not yet
+    effects = instance.tick(1_200)
+    assert Disconnect("r2", 1) in effects and instance.replicas["r2"].session is None
+    assert "slow: it lost every read for 1000 ms" in instance.replicas["r2"].last_failure

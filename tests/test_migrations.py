@@ -21,7 +21,7 @@ from sqlalchemy import Column, Integer, MetaData, inspect
 from sqlalchemy.exc import IntegrityError
 from workers import open_catalog
 
-from catalog import Catalog, NewBatch, make_engine
+from catalog import Catalog, NewBatch, NewEvent, make_engine
 from catalog._engine import alembic_config, head_revision
 from catalog._models import NAMING_CONVENTION, Base
 from history import Frontier, Import
@@ -80,6 +80,7 @@ def populate(url: str) -> None:
         doomed = catalog.create_source("doomed", "id BIGINT")
         catalog.append_batch(doomed.id, Frontier(0), Frontier(2), NewBatch("u5/b.parquet", 1, 9))
         catalog.drop_source(doomed.id)  # retires its file
+        catalog.record_events([NewEvent(1, "main", "replica_failed", "r1 lost its stream", replica="r1")])
 
 
 def test_there_is_exactly_one_head() -> None:

@@ -9,6 +9,7 @@ same SQL run directly with Spark, in the test process, on the storage snapshot.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from dataclasses import replace
@@ -18,6 +19,7 @@ import pytest
 
 import history as h
 from catalog import Catalog
+from controller._process import wait_until
 from protocol import HelloAck, ipc_to_table
 from rows import assert_same_rows
 from replica_harness import ReplicaProcess, ScriptedClient
@@ -377,6 +379,52 @@ def test_reconnect_with_a_changed_definition_rebuilds_it(env, sales, small):
     client.wait_frontier(index, past=sales["times"][-1])
 
 
+def test_a_dataflow_compacted_past_the_new_as_of_is_rebuilt_not_kept(env, sales, small):
+    """A controller recovered from a record older than the compaction its predecessor
+    allowed replays the dataflow at an as_of below the kept arrangement's since: kept,
+    its reads in between would be refused. It is rebuilt, and reads there answer."""
+    index = _index_of(env, "totals")
+    earlier, latest = sales["times"][-2], sales["times"][-1]
+    small.send(h.AllowCompaction(index, h.Frontier(latest)))
+    assert isinstance(small.client.peek(h.IndexTarget(index), earlier), h.PeekError)  # compacted
+    before = small.client.latest_status()
+    replay = [
+        h.CreateDataflow(c.desc.with_as_of(h.Frontier(earlier))) if isinstance(c, h.CreateDataflow) and index in c.desc.export_ids else c
+        for c in h.reduce_commands([*small.history.commands, h.InitializationComplete()])
+    ]
+    client = small.reconnect(epoch=3, history=replay)
+    status = client.wait_for(lambda r: r.statuses[-1] if r.statuses and r.statuses[-1].dataflows_built > before.dataflows_built else None, 60, "a rebuild")
+    assert status.dataflows_built == before.dataflows_built + 1
+    answer = _peek_rows(client.peek(h.IndexTarget(index), earlier, h.RowSetFinishing(key=("west",))))
+    assert answer.num_rows == 1
+
+
+def test_a_dataflow_behind_the_new_as_of_is_rebuilt_not_jumped_over_changes(env, sales, small, spark):
+    """Found by the divergence check: a replica lagging when the controller restarted
+    kept its dataflow, and its frontier jumped to the recovered as_of over input changes
+    it had not computed, which then were missing from every later version. A dataflow
+    that has not computed every time before the new as_of is rebuilt at it."""
+    index = _index_of(env, "totals")
+    storage = env["storage"]
+    upper = storage.upper(sales["id"]).time
+    small.client.wait_frontier(index, past=upper - 1)
+    as_of = upper + 5_000  # beyond what the replica has computed
+    before = small.client.latest_status()
+    replay = [
+        h.CreateDataflow(c.desc.with_as_of(h.Frontier(as_of))) if isinstance(c, h.CreateDataflow) and index in c.desc.export_ids else c
+        for c in h.reduce_commands([*small.history.commands, h.InitializationComplete()])
+    ]
+    client = small.reconnect(epoch=3, history=replay)
+    changed = storage.append(sales["id"], [{"id": 9_000, "region": "east", "amount": 1.0}], ts=upper + 100)
+    storage.compare_and_append(sales["id"], h.Frontier(changed + 1), h.Frontier(as_of + 1))
+    sales["times"].append(changed)
+    status = client.wait_for(lambda r: r.statuses[-1] if r.statuses and r.statuses[-1].dataflows_built > before.dataflows_built else None, 60, "a rebuild")
+    assert status.dataflows_built == before.dataflows_built + 1
+    client.wait_frontier(index, past=as_of)
+    answer = _peek_rows(client.peek(h.IndexTarget(index), as_of))
+    assert_same_rows(answer, _expected(spark, env, TOTALS, {"sales": sales["id"]}, as_of))
+
+
 def _index_of(env, name: str) -> str:
     return env["catalog"].dataflow_by_name(env["config"].name, name).index_id
 
@@ -512,3 +560,50 @@ def test_a_dataflow_that_kills_the_jvm_is_refused_after_two_deaths_not_looped(en
         controller.client.close()
     finally:
         replica.stop()
+
+
+def test_hydration_progress_is_the_tasks_of_the_steps_job_group(spark):
+    """What a hydrating dataflow's status reports: the tasks done of its step's Spark
+    jobs (the step sets the job group), read on a watch thread, never by the caller."""
+    group = _spark.step_job_group("u99", 5)
+
+    def step() -> None:
+        spark.sparkContext.setJobGroup(group, "a step")
+        spark.range(0, 5_000_000, numPartitions=6).selectExpr("id % 7 as k").groupBy("k").count().collect()
+
+    thread = threading.Thread(target=step)
+    thread.start()
+    thread.join()
+
+    def finished() -> tuple[int, int] | None:
+        tasks = _spark.job_tasks(frozenset({group})).get(group)
+        return tasks if tasks and tasks[0] == tasks[1] > 0 else None
+
+    done, total = wait_until(finished, 10, "the watch to read the group's tasks")
+    assert total >= 6  # at least one task per partition of the first stage
+
+
+SLOW_TO_HYDRATE = "select region, count(*) as n from (select region, explode(sequence(1, 400000)) as i from sales) group by region"
+
+
+def test_a_hydrating_dataflow_reports_its_first_steps_tasks_then_none(env, sales, small):
+    """The wiring of the above: while a dataflow's first step runs, the replica's status
+    carries that step's tasks; once hydrated, none."""
+    # As of the latest time, so that the first step (its hydration) has every row to do.
+    desc = _dataflow(env, "slow_to_hydrate", SLOW_TO_HYDRATE, {"sales": sales["id"]}, key=["region"], as_of=sales["times"][-1])
+    id = desc.export_ids[0]
+
+    def reported(responses, hydrated: bool):
+        for status in reversed(responses.statuses):
+            mine = next((d for d in status.dataflows if d.id == id), None)
+            if mine is not None and mine.hydrated == hydrated and (hydrated or mine.hydration_tasks_total):
+                return mine
+        return None
+
+    small.send(h.CreateDataflow(desc), h.Schedule(id))
+    hydrating = small.client.wait_for(lambda r: reported(r, False), 120, "hydration progress in a status")
+    assert 0 <= hydrating.hydration_tasks_done <= hydrating.hydration_tasks_total
+    hydrated = small.client.wait_for(lambda r: reported(r, True), 180, "the dataflow hydrated")
+    assert (hydrated.hydration_tasks_done, hydrated.hydration_tasks_total) == (0, 0)
+    small.send(h.AllowCompaction(id, h.Frontier.empty()))
+    small.client.wait_for(lambda r: r.frontiers.get(id) == h.Frontier.empty(), 30, "the drop")

@@ -34,6 +34,20 @@ def test_canonical_sort_ignores_input_order_and_digest_follows_rows():
     assert digest(canonical_sort(ROWS.slice(1))) != digest(canonical_sort(ROWS))
 
 
+def test_a_digest_covers_values_and_types_not_layout():
+    """Found by the divergence check: two replicas computed the same version, one at
+    once and one step by step, and their digests differed in nullability flags and
+    buffers alone. Values and column types decide a digest; nothing else does."""
+    table = canonical_sort(ROWS)
+    strict = table.cast(pa.schema([field.with_nullable(False) if field.name == "total" else field for field in table.schema]))
+    rechunked = pa.concat_tables([table.slice(0, 2), table.slice(2)])
+    with_nulls = pa.table({"k": pa.array([1, None, 3]).fill_null(0)})  # a validity buffer, no nulls left
+    assert digest(strict) == digest(rechunked) == digest(table)
+    assert digest(with_nulls) == digest(pa.table({"k": pa.array([1, 0, 3])}))
+    assert digest(table.set_column(table.schema.get_field_index("total"), "total", pa.compute.cast(table["total"], pa.float32()))) != digest(table)
+    assert digest(table.rename_columns([*table.column_names[:-1], "other"])) != digest(table)
+
+
 def test_key_lookup_returns_every_row_of_the_key():
     version = Version.build(5, ROWS, ("region",))
     assert version.lookup(("north",)).to_pylist() == [{"region": "north", "n": 3, "total": 1.5}] * 2

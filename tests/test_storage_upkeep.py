@@ -78,7 +78,9 @@ def test_a_young_collection_is_held_at_its_since_and_a_dropped_one_is_let_go(
         schema=SCHEMA, as_of=F(10), materialized=True,
     )
     upkeep.run_once()
-    assert holds(storage, source) == {RETENTION_HOLDER: F(0)}  # 11 - 1 - 60000, not below 0
+    # 11 - 1 - 60000, but not below the since, which the dataflow's hold (taken with its
+    # record, before any pass) moved to its as_of.
+    assert holds(storage, source) == {RETENTION_HOLDER: F(10), f"main/{view.sink_id}": F(10)}
     assert holds(storage, view.sink_id) == {RETENTION_HOLDER: F(10)}  # its since
 
     storage.catalog.drop_dataflow(view.id)
@@ -233,20 +235,21 @@ async def eventually(predicate: Callable[[], T], timeout: float, what: str) -> T
 def test_a_dataflow_created_right_after_an_upkeep_pass_keeps_its_as_of(
     storage: Storage, source: str, tmp_path: Path
 ) -> None:
-    """`create_dataflow` picks as_of = upper - 1; its hold on the source is written a
-    moment later. Another pass in that moment, after more appends, must leave the
-    source readable at that as_of: the retention window keeps since behind it."""
+    """`create_dataflow` picks as_of = upper - 1; the catalog records the dataflow, and
+    its hold on the source, a moment later. Another pass in that moment, after more
+    appends, must leave the source readable at that as_of: the retention window keeps
+    since behind it."""
     controller = new_controller(storage, tmp_path, UpkeepOptions(retention_ms=60_000))
-    record, raced = controller._record, []
+    record, raced = storage.catalog.create_dataflow, []
 
-    def record_after_a_pass(effect: Any) -> None:  # the race, made to happen every time
+    def record_after_a_pass(*args: Any, **kwargs: Any) -> Any:  # the race, made to happen every time
         if not raced:
             later = storage.upper(source).time + 30_000
             raced.append(storage.append(source, [{"id": 2}], ts=later))
             controller.upkeep.run_once()
-        record(effect)
+        return record(*args, **kwargs)
 
-    controller._record = record_after_a_pass  # type: ignore[method-assign]
+    storage.catalog.create_dataflow = record_after_a_pass  # type: ignore[method-assign]
 
     async def scenario() -> tuple[Frontier, Frontier]:
         storage.append(source, [{"id": 1}])
@@ -294,7 +297,7 @@ def test_the_upkeep_task_stops_when_fenced_and_carries_on_after_other_errors(
             # A replica's write, which no epoch fences: the next pass has a hold to move.
             Storage(successor, blob_dir).compare_and_append(source, F(101), F(200))
         await asyncio.wait({upkeep}, timeout=30)
-        error = upkeep.exception() if upkeep.done() else None
+        error = controller.fenced if upkeep.done() else None  # the task ended, telling the controller
         await controller.stop()
         return error
 

@@ -1,0 +1,164 @@
+"""The runtime's requests that check the instance, write the catalog, then change the
+instance: a check must still hold when the change lands, and a refused request leaves
+nothing behind (issue 13, defects 1, 3 and 5).
+
+A real catalog, storage and `Controller`, with the SQL planner replaced by a stand-in
+(planning is not what is tested) and replicas faked at the state machine's edge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import pytest
+
+from catalog import Catalog, default_url
+from controller._api import ControllerError
+from controller._orchestrator import Orchestrator
+from controller.runtime import Controller
+from history import Frontier, FrontiersResponse
+from storage import Storage
+
+SCHEMA = "id BIGINT NOT NULL"
+
+
+@dataclass(frozen=True)
+class _Planned:
+    schema: str = SCHEMA
+    not_incremental: str | None = None
+
+
+class _Planner:
+    """Stands in for the Spark planner: `select * from <table>` reads `<table>`."""
+
+    def referenced_tables(self, sql: str, conf) -> list[str]:
+        return [sql.split()[-1]]
+
+    def analyze(self, sql: str, schemas, conf) -> _Planned:
+        return _Planned()
+
+    def check_index_key(self, planned, key):
+        return tuple(key)
+
+
+def _controller(tmp_path) -> Controller:
+    url = default_url(tmp_path)
+    catalog = Catalog.open(url)
+    storage = Storage(catalog, tmp_path / "blobs")
+    planner: Future = Future()
+    planner.set_result(_Planner())
+    controller = Controller(catalog, url, storage, planner, Orchestrator(catalog, url, storage.blob_uri, tmp_path))
+    controller._epoch = catalog.become_controller()
+    return controller
+
+
+async def _stop(controller: Controller) -> None:
+    for task in controller._tasks:
+        task.cancel()
+    for driver in controller.drivers.values():
+        await driver.stop()
+    controller.catalog.close()
+
+
+def _step(call):
+    return lambda instance: ([], call(instance))
+
+
+async def _active_replica(controller: Controller, name: str) -> None:
+    """Replica `name`, recorded as external and active in the instance, reporting
+    nothing yet (no connection is opened)."""
+    driver = controller.drivers["main"]
+    controller.catalog.create_replica("main", name, size="custom", spark_master="local[1]", address="127.0.0.1:9")
+    await driver.call(lambda inst: inst.tick(int(time.time() * 1000)))
+    await driver.call(_step(lambda inst: inst.add_replica(name)))
+    await driver.call(_step(lambda inst: inst.replica_connected(name, 1, f"{name}-nonce")))
+
+
+def test_an_import_compacted_while_the_dataflow_is_recorded_is_no_half_written_dataflow(tmp_path):
+    """While the catalog records dataflow `b` over index `a`, a's since moves on (its
+    replicas report, its compaction window passes). Before the fix the catalog kept `b`
+    while the instance refused it: a retry got ALREADY_EXISTS and `b` came back after a
+    restart. Now `a` is held at b's as_of from before the record on."""
+
+    async def run() -> None:
+        controller = _controller(tmp_path)
+        await controller.create_instance("main")
+        await controller.create_source("s", SCHEMA)
+        await controller.create_dataflow("main", "a", "select * from s", index_key=["id"])
+        driver = controller.drivers["main"]
+        a = driver.instance.dataflow_named("a").desc.index_exports[0].id
+        loop = asyncio.get_running_loop()
+        record = controller.catalog.create_dataflow
+
+        def compacting(*args, **kwargs):
+            def forward(inst):
+                inst.collections[a].holds["implied"] = Frontier(1_000)
+                return inst._update_holds([a], ())
+
+            info = record(*args, **kwargs)
+            loop.call_soon_threadsafe(driver.post, forward)
+            time.sleep(0.2)  # the loop moves a's since before the instance hears of b, if it can
+            return info
+
+        controller.catalog.create_dataflow = compacting
+        try:
+            view = await controller.create_dataflow("main", "b", "select * from a", index_key=["id"])
+        except ControllerError as error:  # a refusal is allowed, if it leaves nothing
+            assert [d.name for d in controller.catalog.list_dataflows("main")] == ["a"], error
+        else:
+            assert view.name == "b" and "b" in driver.instance.names
+            assert driver.instance.collections[a].since <= driver.instance.dataflow_named("b").desc.as_of
+        assert not any(h.startswith("reserve:") for c in driver.instance.collections.values() for h in c.holds)
+        await _stop(controller)
+
+    asyncio.run(run())
+
+
+def test_concurrent_drops_never_go_below_min_in_sync(tmp_path):
+    """Two drops of in-sync replicas race, each allowed alone by `min_in_sync = 1`.
+    Before the fix both passed the check before either landed, leaving none."""
+
+    async def run() -> None:
+        controller = _controller(tmp_path)
+        await controller.create_instance("main", min_in_sync=1)
+        for name in ("r1", "r2"):
+            await _active_replica(controller, name)
+        driver = controller.drivers["main"]
+        assert all(h.in_sync for h in driver.instance.health())
+        drop = controller.catalog.drop_replica
+
+        def slow_drop(*args):
+            time.sleep(0.2)
+            return drop(*args)
+
+        controller.catalog.drop_replica = slow_drop
+        results = await asyncio.gather(
+            controller.drop_replica("main", "r1"), controller.drop_replica("main", "r2"), return_exceptions=True
+        )
+        refused = [r for r in results if isinstance(r, ControllerError)]
+        assert len(refused) == 1 and refused[0].code == "FAILED_PRECONDITION", results
+        assert len(driver.instance.replicas) == 1
+        assert len(controller.catalog.list_replicas("main")) == 1
+        await _stop(controller)
+
+    asyncio.run(run())
+
+
+def test_a_fenced_controller_learns_it_within_a_tick_and_refuses_as_unavailable(tmp_path):
+    async def run() -> None:
+        controller = _controller(tmp_path)
+        controller._start_tasks()
+        newer = Catalog.open(default_url(tmp_path))
+        newer.become_controller()
+        newer.close()
+        await asyncio.wait_for(controller.fenced_event.wait(), 5)
+        assert "superseded by epoch" in str(controller.fenced)
+        with pytest.raises(ControllerError) as error:
+            await controller.create_instance("late")
+        assert error.value.code == "UNAVAILABLE" and "superseded by epoch" in error.value.message
+        await _stop(controller)
+
+    asyncio.run(run())
