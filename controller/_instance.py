@@ -10,6 +10,10 @@ instance can be driven by simulated replicas with seeded faults.
 Rules (DESIGN section 6):
 - A command is pushed to the history *before* it is sent, so the history exists with
   zero replicas and a (re)connecting replica is brought up by replaying it.
+- A subscription's changes are forwarded once per time: a replica's report of the
+  times `[lower, upper)` is taken when it reaches past what was forwarded and starts at
+  or before it, and only its times not yet forwarded go on; its index is held at the
+  last forwarded time, so every replica can always compute what is still to forward.
 - The first response to a peek with rows wins: the caller gets it, `CancelPeek` goes to
   every replica (and into the history), then the peek's read holds are released. An
   error never wins while another replica may still answer: errors answer a peek only
@@ -43,6 +47,7 @@ from catalog import DEFAULT_MAX_HOLD_BACK_MS, DEFAULT_MAX_LAG_MS, DEFAULT_MIN_IN
 from history import (
     AllowCompaction,
     CancelPeek,
+    CancelSubscribe,
     CommandHistory,
     ComputeCommand,
     ComputeParameters,
@@ -65,6 +70,9 @@ from history import (
     Resume,
     Schedule,
     StatusResponse,
+    Subscribe,
+    SubscribeChanges,
+    SubscribeResponse,
     UpdateConfiguration,
     meet_all,
     reduce_commands,
@@ -142,7 +150,27 @@ class Arbitrate:
     time: int
 
 
-Effect = Union[Send, Connect, Disconnect, PeekDone, StorageHold, SinceAdvanced, Arbitrate]
+@dataclass(frozen=True, slots=True)
+class SubscribeForward:
+    """Deliver subscription `uuid`'s `changes` (each time once, ascending), then its
+    `progress`: every change at a time at or before it has now been delivered."""
+
+    uuid: str
+    changes: tuple[SubscribeChanges, ...]
+    progress: int
+
+
+@dataclass(frozen=True, slots=True)
+class SubscribeEnded:
+    """Subscription `uuid` ended: nothing more will be delivered; `code` and `message`
+    say why (a gRPC status code name)."""
+
+    uuid: str
+    code: str
+    message: str
+
+
+Effect = Union[Send, Connect, Disconnect, PeekDone, StorageHold, SinceAdvanced, Arbitrate, SubscribeForward, SubscribeEnded]
 
 
 class InstanceError(Exception):
@@ -266,8 +294,10 @@ class CollectionState:
     """A compute collection (an export of a dataflow) of this instance.
 
     Lifecycle of `holds`: `implied` from creation until the dataflow is dropped;
-    `peek:<uuid>` while a peek is pending; `dataflow:<id>` while a dependent dataflow
-    lives; `reserve:<token>` while a dependent is being recorded (`reserve`). The collection leaves the instance once its since is empty.
+    `peek:<uuid>` while a peek is pending; `subscribe:<uuid>` while a subscription is
+    open, at the last time it forwarded; `dataflow:<id>` while a dependent dataflow
+    lives; `reserve:<token>` while a dependent is being recorded (`reserve`). The
+    collection leaves the instance once its since is empty.
     """
 
     id: str
@@ -303,6 +333,33 @@ class PendingPeek:
     peek: Peek
     issued_ms: int
     errors: dict[str, tuple[int, str]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class SubscriptionState:
+    """An open subscription. `frontier`: every change at a time below it was forwarded
+    (`as_of` at first with a snapshot, as the snapshot is the changes at `as_of`;
+    `as_of + 1` without). Its index is held at `hold()`, the last forwarded time.
+
+    Lifecycle of `errors`: replica name -> (its epoch, the message) of each replica that
+    reported it cannot serve the subscription; the subscription ends once every active
+    replica has, in its current incarnation.
+    """
+
+    command: Subscribe
+    frontier: int
+    errors: dict[str, tuple[int, str]] = field(default_factory=dict)
+
+    def hold(self) -> Frontier:
+        return Frontier(max(self.frontier - 1, self.command.as_of))
+
+    def resend(self) -> Subscribe:
+        """The command that asks a replica for what is still to forward: as first sent
+        until the snapshot is forwarded, then the changes after the last forwarded time."""
+        command = self.command
+        if self.frontier <= command.as_of:
+            return command
+        return Subscribe(command.uuid, command.id, self.frontier - 1, snapshot=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,6 +416,9 @@ class ComputeInstance:
         self.names: dict[str, str] = {}
         self.peeks: dict[str, PendingPeek] = {}
         self.late_peek_responses = 0
+        self.subscriptions: dict[str, SubscriptionState] = {}
+        # Changes of a time some replica had forwarded already, dropped (one per time).
+        self.subscribe_duplicates = 0
         # The clock starts where the driver is: a replica added before the first tick
         # would otherwise look silent since 1970 and fail at that tick.
         self.now_ms = now_ms
@@ -449,9 +509,11 @@ class ComputeInstance:
             replica.session = None
             return self.replica_failed(replica.name, replica.epoch, f"cannot resume its session after {applied} commands")
         # Answers in flight on the broken stream are lost: send the pending peeks it had
-        # again (it answers each once more; one it still works on is not restarted).
-        in_suffix = {c.uuid for c in suffix if isinstance(c, Peek)}
-        resent = [p.peek for p in self.peeks.values() if p.peek.uuid not in in_suffix]
+        # again (it answers each once more; one it still works on is not restarted), and
+        # each open subscription again from what was forwarded (it reports from there).
+        in_suffix = {c.uuid for c in suffix if isinstance(c, (Peek, Subscribe))}
+        resent: list[ComputeCommand] = [p.peek for p in self.peeks.values() if p.peek.uuid not in in_suffix]
+        resent += [s.resend() for s in self.subscriptions.values() if s.command.uuid not in in_suffix]
         replica.phase = "active"
         replica.active_since_ms = replica.last_heard_ms = self.now_ms
         replica.resumes += 1
@@ -528,6 +590,8 @@ class ComputeInstance:
             return self._frontiers(replica, response)
         if isinstance(response, PeekResponse):
             return self._peek_response(replica, response)
+        if isinstance(response, SubscribeResponse):
+            return self._subscribe_response(replica, response)
         self._note_status(replica, response)
         replica.status = response
         replica.dataflow_status = {d.id: d for d in response.dataflows}
@@ -677,6 +741,39 @@ class ComputeInstance:
         replica.peeks_won += 1
         self._note_race(pending.peek, replica)
         return self._finish_peek(response.uuid, response.result, replica.name)
+
+    def _subscribe_response(self, replica: ReplicaState, response: SubscribeResponse) -> list[Effect]:
+        subscription = self.subscriptions.get(response.uuid)
+        if subscription is None or replica.diverged is not None:
+            return []  # canceled meanwhile, or its changes are not trusted
+        if response.error is not None:
+            subscription.errors[replica.name] = (replica.epoch, response.error)
+            return self._end_failed_subscription(response.uuid)
+        forwarded = subscription.frontier
+        if response.upper <= forwarded:
+            self.subscribe_duplicates += len(response.changes)
+            return []
+        if response.lower > forwarded:
+            return []  # it cannot say what changed from `forwarded` on: another replica will
+        fresh = tuple(c for c in response.changes if c.time >= forwarded)
+        self.subscribe_duplicates += len(response.changes) - len(fresh)
+        subscription.frontier = response.upper
+        id = subscription.command.id
+        self.collections[id].holds[f"subscribe:{response.uuid}"] = subscription.hold()
+        return [SubscribeForward(response.uuid, fresh, response.upper - 1)] + self._update_holds([id], ())
+
+    def _end_failed_subscription(self, uuid: str) -> list[Effect]:
+        """End subscription `uuid` if every active replica reported, in its current
+        incarnation, that it cannot serve it; naming each replica's error."""
+        errors = self.subscriptions[uuid].errors
+        active = [r for r in self.replicas.values() if r.phase == "active"]
+        if any(errors.get(r.name, (0, ""))[0] != r.epoch for r in active):
+            return []
+        message = "; ".join(f"replica {name}: {error}" for name, (_, error) in sorted(errors.items()))
+        return self._end_subscription(uuid, "FAILED_PRECONDITION", message)
+
+    def _end_subscription(self, uuid: str, code: str, message: str) -> list[Effect]:
+        return [SubscribeEnded(uuid, code, message)] + self.cancel_subscribe(uuid)
 
     def _note_race(self, peek: Peek, winner: ReplicaState) -> None:
         """A race for `peek` was won: the winner is not losing; every other active
@@ -862,7 +959,11 @@ class ComputeInstance:
             del self.names[dataflow.desc.name]
         for export_id in dataflow.export_ids:
             self.collections[export_id].holds.pop("implied", None)
-        return self.maintain()
+        effects: list[Effect] = []
+        for uuid, subscription in list(self.subscriptions.items()):
+            if subscription.command.id in dataflow.export_ids:
+                effects += self._end_subscription(uuid, "NOT_FOUND", f"dataflow {dataflow.desc.name} was dropped")
+        return effects + self.maintain()
 
     def dataflow_named(self, name: str) -> DataflowState:
         """The live dataflow called `name`; NOT_FOUND once it has been dropped."""
@@ -911,6 +1012,34 @@ class ComputeInstance:
         if uuid not in self.peeks:
             return []
         return self._finish_peek(uuid, PeekError(reason), None)
+
+    def subscribe(self, command: Subscribe) -> list[Effect]:
+        """Open a subscription to index export `command.id`. Preconditions (checked): it
+        is a live index of this instance, readable at `as_of`, and the uuid is new."""
+        if command.uuid in self.subscriptions:
+            raise InstanceError("ALREADY_EXISTS", f"subscription {command.uuid} is already open")
+        collection = self._collection(command.id)
+        if collection.since.is_empty or not any(e.id == command.id for e in self.dataflows[collection.dataflow].desc.index_exports):
+            raise InstanceError("NOT_FOUND", f"no index {command.id} in instance {self.config.name!r}")
+        if command.as_of < collection.since.time:
+            raise InstanceError(
+                "FAILED_PRECONDITION",
+                f"cannot subscribe to {command.id} as of {command.as_of}: its since is {collection.since.time} (times before it were compacted away)",
+            )
+        subscription = SubscriptionState(command, command.as_of if command.snapshot else command.as_of + 1)
+        self.subscriptions[command.uuid] = subscription
+        collection.holds[f"subscribe:{command.uuid}"] = subscription.hold()
+        return self._send(command)
+
+    def cancel_subscribe(self, uuid: str) -> list[Effect]:
+        """Close subscription `uuid` (the client went away): replicas stop reporting it and
+        its hold is released. Closing one that is not open does nothing."""
+        subscription = self.subscriptions.pop(uuid, None)
+        if subscription is None:
+            return []
+        id = subscription.command.id
+        self.collections[id].holds.pop(f"subscribe:{uuid}", None)
+        return self._send(CancelSubscribe(uuid)) + self._update_holds([id], ())
 
     def _collection(self, id: str) -> CollectionState:
         collection = self.collections.get(id)

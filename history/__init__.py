@@ -10,6 +10,7 @@ tests/test_layering.py).
 from history._commands import (
     AllowCompaction,
     CancelPeek,
+    CancelSubscribe,
     ComputeCommand,
     ComputeParameters,
     CreateDataflow,
@@ -31,6 +32,7 @@ from history._commands import (
     Schedule,
     SinkExport,
     SqlTarget,
+    Subscribe,
     UpdateConfiguration,
 )
 from history._frontier import Frontier, Timestamp, join_all, meet_all
@@ -46,11 +48,14 @@ from history._responses import (
     PeekResult,
     PeekRows,
     StatusResponse,
+    SubscribeChanges,
+    SubscribeResponse,
 )
 
 __all__ = [
     "AllowCompaction",
     "CancelPeek",
+    "CancelSubscribe",
     "CommandHistory",
     "ComputeCommand",
     "ComputeParameters",
@@ -86,6 +91,9 @@ __all__ = [
     "SinkExport",
     "SqlTarget",
     "StatusResponse",
+    "Subscribe",
+    "SubscribeChanges",
+    "SubscribeResponse",
     "Timestamp",
     "UpdateConfiguration",
     "apply",

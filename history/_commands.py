@@ -344,6 +344,38 @@ class CancelPeek:
     uuid: str
 
 
+@dataclass(frozen=True, slots=True)
+class Subscribe:
+    """Report the changes of index export `id` at every time after `as_of` (with
+    `snapshot`, its contents at `as_of` first) until `CancelSubscribe`.
+
+    The replica answers `SubscribeResponse`s for `uuid` whose ranges `[lower, upper)`
+    follow one another on a connection; a replica that can no longer compute some times
+    (it was rebuilt at a later `as_of`, or compacted) starts its next range where it can.
+    A `Subscribe` for an open uuid (the controller sends one when a session resumes, as
+    reports in flight may be lost) restarts its reports at the new `as_of`.
+    Precondition: the controller holds `id` readable at the time its feed has reached
+    (`as_of` at first), so every time the feed still needs stays computable.
+    """
+
+    uuid: str
+    id: str
+    as_of: Timestamp
+    snapshot: bool = True
+
+    def __post_init__(self) -> None:
+        if self.as_of < 0:
+            raise ValueError(f"a subscription's as_of must be non-negative, not {self.as_of}")
+
+
+@dataclass(frozen=True, slots=True)
+class CancelSubscribe:
+    """End subscription `uuid`: the replica reports nothing more for it. A cancel for an
+    unknown uuid is ignored."""
+
+    uuid: str
+
+
 ComputeCommand = Union[
     CreateInstance,
     InitializationComplete,
@@ -353,5 +385,7 @@ ComputeCommand = Union[
     AllowCompaction,
     Peek,
     CancelPeek,
+    Subscribe,
+    CancelSubscribe,
 ]
 """The commands a history may hold (everything but `Hello`)."""

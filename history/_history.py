@@ -18,6 +18,7 @@ from typing import Iterable, Sequence, get_args
 from history._commands import (
     AllowCompaction,
     CancelPeek,
+    CancelSubscribe,
     ComputeCommand,
     ComputeParameters,
     CreateDataflow,
@@ -25,6 +26,7 @@ from history._commands import (
     InitializationComplete,
     Peek,
     Schedule,
+    Subscribe,
     UpdateConfiguration,
 )
 from history._frontier import Frontier
@@ -46,13 +48,15 @@ def reduce_commands(commands: Iterable[ComputeCommand]) -> list[ComputeCommand]:
       `Schedule`s; compactions of ids no dataflow here exports disappear;
     - a `Peek` and its `CancelPeek` both disappear; `Schedule`s collapse to one per live
       dataflow (the first, whichever export it names: they all start the same dataflow);
+    - a `Subscribe` and its `CancelSubscribe` both disappear, and so does a `Subscribe`
+      whose target is not an export of a live dataflow created before it;
     - order: CreateInstance, UpdateConfiguration, CreateDataflow*, Schedule*, Peek*,
-      AllowCompaction*, InitializationComplete.
+      Subscribe*, AllowCompaction*, InitializationComplete.
 
     Invariants: the result is a fixed point (`reduce_commands(r) == r`), and its length
-    is at most 3 + pending peeks + sum over live dataflows of (1 + exports): per
-    dataflow its CreateDataflow, one Schedule, and a compaction for every export but the
-    lowest, which the `as_of` absorbed.
+    is at most 3 + pending peeks + open subscriptions + sum over live dataflows of
+    (1 + exports): per dataflow its CreateDataflow, one Schedule, and a compaction for
+    every export but the lowest, which the `as_of` absorbed.
     """
     create_instance: CreateInstance | None = None
     parameters: ComputeParameters | None = None
@@ -61,6 +65,7 @@ def reduce_commands(commands: Iterable[ComputeCommand]) -> list[ComputeCommand]:
     owner: dict[str, str] = {}  # export id -> first export id of its dataflow
     schedules: dict[str, Schedule] = {}  # scheduled id -> its first Schedule, in order
     peeks: dict[str, Peek] = {}  # pending uuid -> Peek
+    subscriptions: dict[str, Subscribe] = {}  # open uuid -> Subscribe
     compactions: dict[str, AllowCompaction] = {}  # id -> its last AllowCompaction
     initialized = False
 
@@ -82,6 +87,8 @@ def reduce_commands(commands: Iterable[ComputeCommand]) -> list[ComputeCommand]:
             dataflows[key] = (command, export_ids)
             for export_id in export_ids:
                 owner[export_id] = key
+            if subscriptions:  # they followed another dataflow's export of that id
+                subscriptions = {u: c for u, c in subscriptions.items() if c.id not in export_ids}
         elif kind is Schedule:
             schedules.setdefault(command.id, command)
         elif kind is UpdateConfiguration:
@@ -91,6 +98,11 @@ def reduce_commands(commands: Iterable[ComputeCommand]) -> list[ComputeCommand]:
                 create_instance = command
         elif kind is InitializationComplete:
             initialized = True
+        elif kind is Subscribe:
+            if command.id in owner:
+                subscriptions[command.uuid] = command
+        elif kind is CancelSubscribe:
+            subscriptions.pop(command.uuid, None)
         else:
             raise TypeError(f"not a history command: {command!r}")
 
@@ -126,6 +138,7 @@ def reduce_commands(commands: Iterable[ComputeCommand]) -> list[ComputeCommand]:
             scheduled.add(key)
             reduced.append(schedule)
     reduced.extend(peeks.values())
+    reduced.extend(c for c in subscriptions.values() if owner[c.id] in live)
     reduced.extend(kept_compactions)
     if initialized:
         reduced.append(InitializationComplete())

@@ -17,6 +17,7 @@ from typing import Iterable, Mapping
 from history._commands import (
     AllowCompaction,
     CancelPeek,
+    CancelSubscribe,
     ComputeCommand,
     ComputeParameters,
     CreateDataflow,
@@ -26,6 +27,7 @@ from history._commands import (
     InstanceConfig,
     Peek,
     Schedule,
+    Subscribe,
     UpdateConfiguration,
 )
 from history._frontier import Frontier, meet_all
@@ -50,6 +52,7 @@ class ReplicaState:
     parameters: ComputeParameters
     dataflows: Mapping[str, LiveDataflow]  # first export id -> dataflow
     pending_peeks: Mapping[str, Peek]  # uuid -> peek
+    subscriptions: Mapping[str, Subscribe]  # uuid -> open subscription
     initialized: bool
 
 
@@ -59,7 +62,9 @@ class ReplicaModel:
 
     Lifecycles: a dataflow enters on `CreateDataflow` and leaves when every export has
     been compacted to the empty frontier; a peek enters on `Peek` and leaves on its
-    `CancelPeek` (the model does not answer peeks by itself).
+    `CancelPeek` (the model does not answer peeks by itself); a subscription enters on
+    `Subscribe` to an export of a live dataflow, and leaves on its `CancelSubscribe` or
+    with that dataflow (a new `CreateDataflow` of the export ends it too).
     """
 
     instance: InstanceConfig | None = None
@@ -69,6 +74,7 @@ class ReplicaModel:
     owner: dict[str, str] = field(default_factory=dict)  # export id -> dataflow key
     scheduled: set[str] = field(default_factory=set)  # dataflow keys
     pending_peeks: dict[str, Peek] = field(default_factory=dict)
+    subscriptions: dict[str, Subscribe] = field(default_factory=dict)
     initialized: bool = False
 
     def apply(self, command: ComputeCommand) -> None:
@@ -92,6 +98,7 @@ class ReplicaModel:
         for export_id in desc.export_ids:
             self.owner[export_id] = key
             self.sinces[export_id] = desc.as_of
+        self._end_subscriptions(desc.export_ids)
 
     def _schedule(self, command: Schedule) -> None:
         key = self.owner.get(command.id)
@@ -110,12 +117,23 @@ class ReplicaModel:
             for export_id in desc.export_ids:
                 del self.sinces[export_id]
                 del self.owner[export_id]
+            self._end_subscriptions(desc.export_ids)
 
     def _peek(self, command: Peek) -> None:
         self.pending_peeks[command.uuid] = command
 
     def _cancel_peek(self, command: CancelPeek) -> None:
         self.pending_peeks.pop(command.uuid, None)
+
+    def _subscribe(self, command: Subscribe) -> None:
+        if command.id in self.owner:
+            self.subscriptions[command.uuid] = command
+
+    def _cancel_subscribe(self, command: CancelSubscribe) -> None:
+        self.subscriptions.pop(command.uuid, None)
+
+    def _end_subscriptions(self, export_ids: tuple[str, ...]) -> None:
+        self.subscriptions = {u: c for u, c in self.subscriptions.items() if c.id not in export_ids}
 
     def _initialization_complete(self, command: InitializationComplete) -> None:
         self.initialized = True
@@ -131,6 +149,7 @@ class ReplicaModel:
             parameters=self.parameters,
             dataflows=MappingProxyType(dataflows),
             pending_peeks=MappingProxyType(dict(self.pending_peeks)),
+            subscriptions=MappingProxyType(dict(self.subscriptions)),
             initialized=self.initialized,
         )
 
@@ -143,6 +162,8 @@ _APPLY = {
     AllowCompaction: ReplicaModel._allow_compaction,
     Peek: ReplicaModel._peek,
     CancelPeek: ReplicaModel._cancel_peek,
+    Subscribe: ReplicaModel._subscribe,
+    CancelSubscribe: ReplicaModel._cancel_subscribe,
     InitializationComplete: ReplicaModel._initialization_complete,
 }
 

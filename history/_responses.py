@@ -107,4 +107,33 @@ class StatusResponse:
     metrics_address: str = ""  # where the replica serves /metrics ("" when it does not)
 
 
-ComputeResponse = Union[FrontiersResponse, PeekResponse, StatusResponse]
+@dataclass(frozen=True, slots=True)
+class SubscribeChanges:
+    """The changes of one time: Arrow IPC stream bytes of the index's columns plus
+    `_time` (this time) and `_diff`, consolidated (no zero diffs, each row once) and in
+    canonical order, so replicas report identical bytes."""
+
+    time: int
+    arrow_ipc: bytes
+    row_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class SubscribeResponse:
+    """Subscription `uuid`'s changes at every time in `[lower, upper)`: `changes` holds
+    one entry per time in that range that changed, ascending. With a snapshot, the first
+    range is `[as_of, as_of + 1)` and its changes are the contents at `as_of`.
+
+    Rules: on one connection the ranges of a subscription never overlap and only move
+    forward; `error` (with no changes) says the replica cannot report this
+    subscription at all, and it reports nothing more for it.
+    """
+
+    uuid: str
+    lower: int
+    upper: int
+    changes: tuple[SubscribeChanges, ...] = ()
+    error: str | None = None
+
+
+ComputeResponse = Union[FrontiersResponse, PeekResponse, StatusResponse, SubscribeResponse]

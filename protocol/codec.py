@@ -417,6 +417,11 @@ _COMMAND_ENCODERS: _Encoders = {
     ),
     h.Peek: ("peek", _peek_to_proto),
     h.CancelPeek: ("cancel_peek", lambda c: pb.CancelPeek(uuid=c.uuid)),
+    h.Subscribe: (
+        "subscribe",
+        lambda c: pb.Subscribe(uuid=c.uuid, id=c.id, as_of=_time(c.as_of), snapshot=c.snapshot),
+    ),
+    h.CancelSubscribe: ("cancel_subscribe", lambda c: pb.CancelSubscribe(uuid=c.uuid)),
 }
 _COMMAND_DECODERS: _Decoders = {
     "hello": _hello_from_proto,
@@ -428,6 +433,8 @@ _COMMAND_DECODERS: _Decoders = {
     "allow_compaction": lambda m: h.AllowCompaction(m.id, _frontier_from_proto(m.frontier)),
     "peek": _peek_from_proto,
     "cancel_peek": lambda m: h.CancelPeek(m.uuid),
+    "subscribe": lambda m: h.Subscribe(m.uuid, m.id, _time(m.as_of), m.snapshot),
+    "cancel_subscribe": lambda m: h.CancelSubscribe(m.uuid),
 }
 
 
@@ -500,6 +507,29 @@ def _status_from_proto(message: pb.StatusResponse) -> h.StatusResponse:
     )
 
 
+def _subscribe_response_to_proto(r: h.SubscribeResponse) -> pb.SubscribeResponse:
+    return pb.SubscribeResponse(
+        uuid=r.uuid,
+        lower=_time(r.lower),
+        upper=_time(r.upper),
+        changes=[
+            pb.SubscribeChanges(time=_time(c.time), arrow_ipc=c.arrow_ipc, row_count=_count(c.row_count, "row_count"))
+            for c in r.changes
+        ],
+        error=r.error,
+    )
+
+
+def _subscribe_response_from_proto(m: pb.SubscribeResponse) -> h.SubscribeResponse:
+    return h.SubscribeResponse(
+        m.uuid,
+        _time(m.lower),
+        _time(m.upper),
+        tuple(h.SubscribeChanges(_time(c.time), c.arrow_ipc, _count(c.row_count, "row_count")) for c in m.changes),
+        _optional(m, "error"),
+    )
+
+
 _REFUSAL_CODES = {
     "stale_epoch": pb.REFUSAL_CODE_STALE_EPOCH,
     "protocol_violation": pb.REFUSAL_CODE_PROTOCOL_VIOLATION,
@@ -520,6 +550,7 @@ _RESPONSE_ENCODERS: _Encoders = {
         ),
     ),
     h.StatusResponse: ("status", _status_to_proto),
+    h.SubscribeResponse: ("subscribe", _subscribe_response_to_proto),
     Refusal: (
         "refusal",
         lambda r: pb.Refusal(
@@ -535,6 +566,7 @@ _RESPONSE_DECODERS: _Decoders = {
     "frontiers": lambda m: h.FrontiersResponse(m.id, _frontier_from_proto(m.write_frontier)),
     "peek": lambda m: h.PeekResponse(m.uuid, _decode_oneof(_RESULT_DECODERS, m, "result")),
     "status": _status_from_proto,
+    "subscribe": _subscribe_response_from_proto,
     "refusal": lambda m: Refusal(
         _lookup(_REFUSAL_CODES_FROM_PROTO, m.code, "RefusalCode"), m.message
     ),

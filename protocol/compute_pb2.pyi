@@ -294,8 +294,26 @@ class CancelPeek(_message.Message):
     uuid: str
     def __init__(self, uuid: _Optional[str] = ...) -> None: ...
 
+class Subscribe(_message.Message):
+    __slots__ = ("uuid", "id", "as_of", "snapshot")
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    AS_OF_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    uuid: str
+    id: str
+    as_of: int
+    snapshot: bool
+    def __init__(self, uuid: _Optional[str] = ..., id: _Optional[str] = ..., as_of: _Optional[int] = ..., snapshot: _Optional[bool] = ...) -> None: ...
+
+class CancelSubscribe(_message.Message):
+    __slots__ = ("uuid",)
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    uuid: str
+    def __init__(self, uuid: _Optional[str] = ...) -> None: ...
+
 class ComputeCommand(_message.Message):
-    __slots__ = ("hello", "create_instance", "initialization_complete", "update_configuration", "create_dataflow", "schedule", "allow_compaction", "peek", "cancel_peek")
+    __slots__ = ("hello", "create_instance", "initialization_complete", "update_configuration", "create_dataflow", "schedule", "allow_compaction", "peek", "cancel_peek", "subscribe", "cancel_subscribe")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     CREATE_INSTANCE_FIELD_NUMBER: _ClassVar[int]
     INITIALIZATION_COMPLETE_FIELD_NUMBER: _ClassVar[int]
@@ -305,6 +323,8 @@ class ComputeCommand(_message.Message):
     ALLOW_COMPACTION_FIELD_NUMBER: _ClassVar[int]
     PEEK_FIELD_NUMBER: _ClassVar[int]
     CANCEL_PEEK_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBE_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_SUBSCRIBE_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     create_instance: CreateInstance
     initialization_complete: InitializationComplete
@@ -314,7 +334,9 @@ class ComputeCommand(_message.Message):
     allow_compaction: AllowCompaction
     peek: Peek
     cancel_peek: CancelPeek
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., create_instance: _Optional[_Union[CreateInstance, _Mapping]] = ..., initialization_complete: _Optional[_Union[InitializationComplete, _Mapping]] = ..., update_configuration: _Optional[_Union[UpdateConfiguration, _Mapping]] = ..., create_dataflow: _Optional[_Union[CreateDataflow, _Mapping]] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., allow_compaction: _Optional[_Union[AllowCompaction, _Mapping]] = ..., peek: _Optional[_Union[Peek, _Mapping]] = ..., cancel_peek: _Optional[_Union[CancelPeek, _Mapping]] = ...) -> None: ...
+    subscribe: Subscribe
+    cancel_subscribe: CancelSubscribe
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., create_instance: _Optional[_Union[CreateInstance, _Mapping]] = ..., initialization_complete: _Optional[_Union[InitializationComplete, _Mapping]] = ..., update_configuration: _Optional[_Union[UpdateConfiguration, _Mapping]] = ..., create_dataflow: _Optional[_Union[CreateDataflow, _Mapping]] = ..., schedule: _Optional[_Union[Schedule, _Mapping]] = ..., allow_compaction: _Optional[_Union[AllowCompaction, _Mapping]] = ..., peek: _Optional[_Union[Peek, _Mapping]] = ..., cancel_peek: _Optional[_Union[CancelPeek, _Mapping]] = ..., subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., cancel_subscribe: _Optional[_Union[CancelSubscribe, _Mapping]] = ...) -> None: ...
 
 class FrontiersResponse(_message.Message):
     __slots__ = ("id", "write_frontier")
@@ -398,6 +420,30 @@ class StatusResponse(_message.Message):
     metrics_address: str
     def __init__(self, heartbeat: _Optional[int] = ..., dataflows: _Optional[_Iterable[_Union[DataflowStatus, _Mapping]]] = ..., dataflows_kept: _Optional[int] = ..., dataflows_built: _Optional[int] = ..., pid: _Optional[int] = ..., errors: _Optional[_Iterable[str]] = ..., metrics_address: _Optional[str] = ...) -> None: ...
 
+class SubscribeChanges(_message.Message):
+    __slots__ = ("time", "arrow_ipc", "row_count")
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    ARROW_IPC_FIELD_NUMBER: _ClassVar[int]
+    ROW_COUNT_FIELD_NUMBER: _ClassVar[int]
+    time: int
+    arrow_ipc: bytes
+    row_count: int
+    def __init__(self, time: _Optional[int] = ..., arrow_ipc: _Optional[bytes] = ..., row_count: _Optional[int] = ...) -> None: ...
+
+class SubscribeResponse(_message.Message):
+    __slots__ = ("uuid", "lower", "upper", "changes", "error")
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    LOWER_FIELD_NUMBER: _ClassVar[int]
+    UPPER_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    uuid: str
+    lower: int
+    upper: int
+    changes: _containers.RepeatedCompositeFieldContainer[SubscribeChanges]
+    error: str
+    def __init__(self, uuid: _Optional[str] = ..., lower: _Optional[int] = ..., upper: _Optional[int] = ..., changes: _Optional[_Iterable[_Union[SubscribeChanges, _Mapping]]] = ..., error: _Optional[str] = ...) -> None: ...
+
 class Refusal(_message.Message):
     __slots__ = ("code", "message")
     CODE_FIELD_NUMBER: _ClassVar[int]
@@ -415,17 +461,19 @@ class HelloAck(_message.Message):
     def __init__(self, resumed: _Optional[bool] = ..., applied: _Optional[int] = ...) -> None: ...
 
 class ComputeResponse(_message.Message):
-    __slots__ = ("nonce", "frontiers", "peek", "status", "refusal", "hello_ack")
+    __slots__ = ("nonce", "frontiers", "peek", "status", "refusal", "hello_ack", "subscribe")
     NONCE_FIELD_NUMBER: _ClassVar[int]
     FRONTIERS_FIELD_NUMBER: _ClassVar[int]
     PEEK_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     REFUSAL_FIELD_NUMBER: _ClassVar[int]
     HELLO_ACK_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBE_FIELD_NUMBER: _ClassVar[int]
     nonce: str
     frontiers: FrontiersResponse
     peek: PeekResponse
     status: StatusResponse
     refusal: Refusal
     hello_ack: HelloAck
-    def __init__(self, nonce: _Optional[str] = ..., frontiers: _Optional[_Union[FrontiersResponse, _Mapping]] = ..., peek: _Optional[_Union[PeekResponse, _Mapping]] = ..., status: _Optional[_Union[StatusResponse, _Mapping]] = ..., refusal: _Optional[_Union[Refusal, _Mapping]] = ..., hello_ack: _Optional[_Union[HelloAck, _Mapping]] = ...) -> None: ...
+    subscribe: SubscribeResponse
+    def __init__(self, nonce: _Optional[str] = ..., frontiers: _Optional[_Union[FrontiersResponse, _Mapping]] = ..., peek: _Optional[_Union[PeekResponse, _Mapping]] = ..., status: _Optional[_Union[StatusResponse, _Mapping]] = ..., refusal: _Optional[_Union[Refusal, _Mapping]] = ..., hello_ack: _Optional[_Union[HelloAck, _Mapping]] = ..., subscribe: _Optional[_Union[SubscribeResponse, _Mapping]] = ...) -> None: ...

@@ -16,7 +16,11 @@ The rules (DESIGN sections 4 and 6):
   of a pending peek on that id nor the effective `as_of` of a live dataflow importing it.
   The empty frontier (a drop) only for exports nobody imports or peeks.
 - `Peek` reads live index exports at a timestamp not below their compaction frontier.
-- `CancelPeek`, `UpdateConfiguration`, `InitializationComplete`: always allowed.
+- `Subscribe` reads a live index export; while it is open the export is not dropped.
+  It may compact past the `as_of` (a replica starts its feed where it can), so a
+  reduced history's `Subscribe` may name an `as_of` below the dataflow's.
+- `CancelPeek`, `CancelSubscribe`, `UpdateConfiguration`, `InitializationComplete`:
+  always allowed.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from hypothesis import strategies as st
 from history import (
     AllowCompaction,
     CancelPeek,
+    CancelSubscribe,
     ComputeCommand,
     ComputeParameters,
     CreateDataflow,
@@ -44,6 +49,7 @@ from history import (
     Schedule,
     SinkExport,
     SqlTarget,
+    Subscribe,
     UpdateConfiguration,
 )
 
@@ -69,7 +75,8 @@ class ControllerRules:
     Lifecycles: `dataflows`/`owner` gain entries on `CreateDataflow` and lose them when the
     last export is compacted to the empty frontier; `sinces` holds every export of a live
     dataflow (empty once that export was dropped on its own); `peeks` gains a uuid on
-    `Peek` and loses it on `CancelPeek`, which moves it to `canceled`.
+    `Peek` and loses it on `CancelPeek`, which moves it to `canceled`; `subscriptions`
+    likewise with `Subscribe` and `CancelSubscribe`.
     """
 
     dataflows: dict[str, DataflowDescription] = field(default_factory=dict)
@@ -78,6 +85,7 @@ class ControllerRules:
     used_ids: set[str] = field(default_factory=lambda: set(STORAGE_IDS))
     peeks: dict[str, Peek] = field(default_factory=dict)
     canceled: list[str] = field(default_factory=list)
+    subscriptions: dict[str, Subscribe] = field(default_factory=dict)
     seen_uuids: set[str] = field(default_factory=set)
     commands: int = 0
     initialized: bool = False
@@ -115,8 +123,10 @@ class ControllerRules:
         return limit
 
     def held(self) -> set[str]:
-        """Exports under a read hold: targets of pending peeks and imports of live dataflows."""
+        """Exports under a read hold: targets of pending peeks and open subscriptions, and
+        imports of live dataflows."""
         held = {id for peek in self.peeks.values() for id in peek.target.collection_ids}
+        held.update(subscription.id for subscription in self.subscriptions.values())
         held.update(id for desc in self.dataflows.values() for id in desc.import_ids)
         return held
 
@@ -178,6 +188,8 @@ class ControllerRules:
             raise InvalidCommand(f"AllowCompaction of {command.id}, not a live export")
         if command.frontier < since:
             raise InvalidCommand(f"{command!r} regresses from {since}")
+        if command.frontier.is_empty and any(c.id == command.id for c in self.subscriptions.values()):
+            raise InvalidCommand(f"{command!r} drops an export with an open subscription")
         limit = self.compaction_limit(command.id)
         if command.frontier > limit:
             raise InvalidCommand(f"{command!r} passes a read hold at {limit}")
@@ -208,6 +220,17 @@ class ControllerRules:
         if self.peeks.pop(command.uuid, None) is not None:
             self.canceled.append(command.uuid)
 
+    def _subscribe(self, command: Subscribe) -> None:
+        if command.uuid in self.seen_uuids:
+            raise InvalidCommand(f"subscription uuid {command.uuid} reused")
+        if command.id not in self.live_indexes():
+            raise InvalidCommand(f"subscription to {command.id}, not a live index")
+        self.seen_uuids.add(command.uuid)
+        self.subscriptions[command.uuid] = command
+
+    def _cancel_subscribe(self, command: CancelSubscribe) -> None:
+        self.subscriptions.pop(command.uuid, None)
+
     def _update_configuration(self, command: UpdateConfiguration) -> None:
         pass
 
@@ -222,6 +245,8 @@ _RULES = {
     AllowCompaction: ControllerRules._allow_compaction,
     Peek: ControllerRules._peek,
     CancelPeek: ControllerRules._cancel_peek,
+    Subscribe: ControllerRules._subscribe,
+    CancelSubscribe: ControllerRules._cancel_subscribe,
     UpdateConfiguration: ControllerRules._update_configuration,
     InitializationComplete: ControllerRules._initialization_complete,
 }
@@ -301,9 +326,10 @@ class _Generator:
             actions += ["create"] * 3
         if rules.dataflows:
             actions += ["schedule"] * 2 + ["compact"] * 8 + ["peek"] * 3 + ["drop"] * 2
-            actions += ["drop_export"]
+            actions += ["drop_export", "subscribe"]
         if rules.peeks:
             actions += ["cancel"] * 2
+        actions += ["unsubscribe"] * (1 + 2 * bool(rules.subscriptions))
         if not rules.initialized:
             actions += ["initialized"]
         getattr(self, f"_{self.pick(actions)}")()
@@ -400,6 +426,20 @@ class _Generator:
         else:
             uuid = f"never-{self.draw(_STEP)}"
         self.emit(CancelPeek(uuid))
+
+    def _subscribe(self) -> None:
+        live_indexes = sorted(self.rules.live_indexes())
+        if not live_indexes:
+            return self._compact()
+        id = self.pick(live_indexes)
+        uuid = f"s{self.next_uuid}"
+        self.next_uuid += 1
+        self.emit(Subscribe(uuid, id, self.rules.sinces[id].time + self.draw(_STEP), self.draw(_COIN)))
+
+    def _unsubscribe(self) -> None:
+        open_uuids = sorted(self.rules.subscriptions)
+        uuid = self.pick(open_uuids) if open_uuids and self.draw(_COIN) else f"never-{self.draw(_STEP)}"
+        self.emit(CancelSubscribe(uuid))
 
     def _config(self) -> None:
         values = [self.pick(_PARAMETER_VALUES) for _ in ComputeParameters.__dataclass_fields__]

@@ -79,6 +79,8 @@ COMMANDS: dict[type, st.SearchStrategy] = {
     h.AllowCompaction: st.builds(h.AllowCompaction, ids, frontiers),
     h.Peek: st.builds(h.Peek, texts, targets, times, finishings, int64s),
     h.CancelPeek: st.builds(h.CancelPeek, texts),
+    h.Subscribe: st.builds(h.Subscribe, texts, ids, times, st.booleans()),
+    h.CancelSubscribe: st.builds(h.CancelSubscribe, texts),
 }
 
 peek_results = st.one_of(
@@ -103,6 +105,14 @@ RESPONSES: dict[type, st.SearchStrategy] = {
         pid=int64s,
         errors=_tuples(texts),
         metrics_address=texts,
+    ),
+    h.SubscribeResponse: st.builds(
+        h.SubscribeResponse,
+        texts,
+        times,
+        times,
+        _tuples(st.builds(h.SubscribeChanges, times, st.binary(), counts)),
+        st.none() | texts,
     ),
     Refusal: st.builds(Refusal, st.sampled_from(get_args(RefusalCode)), texts),
     HelloAck: st.builds(HelloAck, st.booleans(), counts),

@@ -17,7 +17,9 @@ What is modelled:
   that is reported), report write frontiers (never regressing, never below `as_of`, one
   empty frontier after a drop), answer peeks once their frontier passes the peek time
   (`PeekError` below `since`), answer `CancelPeek` with `canceled` only if not yet
-  answered, and send heartbeats.
+  answered, report each open subscription's changes per time from the versions they
+  computed (starting where they can: past their own since; now and then in two
+  reports), and send heartbeats.
 - **Network.** One FIFO queue per direction per connection, with delays drawn from the
   seeded generator. A closed connection loses what is in flight.
 - **Driver.** Carries out the effects: `Connect` (after a delay, retried while the replica
@@ -36,8 +38,9 @@ What is modelled:
   replicas, which keep their state and reconcile).
 - **Client.** Creates dataflows (some importing other dataflows' indexes), peeks
   (serializable at `readable_time`, at explicit times, SQL over two indexes), drops,
-  adds and drops replicas, and tries refused commands, checking that a refusal changes
-  nothing.
+  adds and drops replicas, subscribes and unsubscribes (after a controller restart it
+  resumes every feed from its last progress), and tries refused commands, checking that
+  a refusal changes nothing.
 
 Checks (`Simulation.check()`, after every call into the instance; a failure raises
 `SimulationFailure` naming the seed, the step and the invariant, with the recent events):
@@ -50,9 +53,11 @@ of healthy/degraded/unavailable; a replica called hydrated has computed every li
 dataflow; no replica ever computes from an over-compacted input or refuses a peek; every
 answer equals the reference answer and no peek is answered twice; an error answers a peek
 only if every active replica answered it with an error in its current incarnation, and
-it names each replica that did; no replica is connected more than three times in any
-second (failed incarnations back off). At the end
-(`check_final`): every peek answered exactly once (none, for peeks pending when the
+it names each replica that did; a feed delivers each time once, in order, and
+consolidated through each progress it is the reference (less the contents at `as_of`
+without a snapshot), across controller restarts too; no replica is connected more than
+three times in any second (failed incarnations back off). At the end (`check_final`):
+every open feed caught up with its index; every peek answered exactly once (none, for peeks pending when the
 controller restarted: their client saw the connection fail), the instance healthy, every
 replica connected at its epoch and running exactly the live dataflows, and every storage
 hold of a forgotten dataflow released.
@@ -62,6 +67,7 @@ Nothing here reads a clock or global randomness: a seed replays exactly.
 
 from __future__ import annotations
 
+import ast
 import bisect
 import hashlib
 import random
@@ -80,6 +86,8 @@ from controller._instance import (
     Send,
     SinceAdvanced,
     StorageHold,
+    SubscribeEnded,
+    SubscribeForward,
 )
 from history import (
     AllowCompaction,
@@ -107,6 +115,9 @@ from history import (
     Schedule,
     SqlTarget,
     StatusResponse,
+    Subscribe,
+    SubscribeChanges,
+    SubscribeResponse,
     meet_all,
     reduce_commands,
 )
@@ -221,6 +232,19 @@ class Reference:
         return self.encode(target, tuple(version for _ in target.collection_ids))
 
 
+def row_changes(before: tuple[tuple[int, int], ...], after: tuple[tuple[int, int], ...]) -> dict[tuple[int, int], int]:
+    """What changed from rows `before` to rows `after`: row -> diff, no zero diffs."""
+    diffs = dict.fromkeys(before, -1)
+    for row in after:
+        if diffs.pop(row, None) is None:
+            diffs[row] = 1
+    return diffs
+
+
+def encode_changes(changes: dict[tuple[int, int], int]) -> bytes:
+    return repr(tuple(sorted(changes.items()))).encode()
+
+
 def peek_rows(payload: bytes, row_count: int) -> PeekRows:
     return PeekRows(payload, row_count, hashlib.sha256(payload).hexdigest()[:16])
 
@@ -250,10 +274,12 @@ class SimConnection:
         self.applied = 0  # commands the session received
         self.reported: dict[str, Frontier] = {}  # of this connection only
         self.pending: dict[str, Peek] = {}  # uuid -> peek, received and not yet answered
+        self.feeds: dict[str, int] = {}  # subscription uuid -> the upper it reported up to
 
     def take_over(self, old: SimConnection) -> None:
         """Continue `old`'s session on this connection."""
         self.model, self.reconciled, self.applied, self.pending = old.model, old.reconciled, old.applied, old.pending
+        self.feeds = old.feeds
 
     def push_command(self, at: int, command: ComputeCommand) -> None:
         self._inbound_at = max(at, self._inbound_at)
@@ -393,6 +419,7 @@ class SimReplica:
             if conn.reconciled and ticked:
                 for run in self.running.values():
                     self._report(conn, run)
+                self._report_subscriptions(conn, now)
                 self._answer_peeks(conn, now)
             if now >= self.next_heartbeat:
                 self.heartbeats += 1
@@ -425,6 +452,8 @@ class SimReplica:
         conn.model.apply(command)
         if isinstance(command, Peek):
             conn.pending[command.uuid] = command
+        elif isinstance(command, Subscribe):
+            conn.feeds.pop(command.uuid, None)  # a resent one: report again from its as_of
         elif isinstance(command, CancelPeek) and conn.pending.pop(command.uuid, None) is not None:
             self._send(conn, now, PeekResponse(command.uuid, PeekCanceled()))
         if not conn.model.initialized:
@@ -590,6 +619,49 @@ class SimReplica:
             conn.reported[id] = frontier
             self._send(conn, self.sim.now, FrontiersResponse(id, frontier))
 
+    # --- Subscriptions --------------------------------------------------------------------
+
+    def _report_subscriptions(self, conn: SimConnection, now: int) -> None:
+        """Report each open subscription's changes up to the dataflow's frontier, as
+        `replica_service` does: the snapshot at `as_of` first if asked for and still
+        computable, then from the last reported upper, or from the own since where this
+        replica compacted (or was built) past it."""
+        for uuid, command in conn.model.subscriptions.items():
+            run = self.running.get(self.owner.get(command.id, ""))
+            if run is None or run.last_computed is None or run.frontier.is_empty:
+                continue
+            upper = run.frontier.time
+            since = run.sinces[command.id]
+            if since.is_empty:
+                continue
+            if uuid not in conn.feeds:
+                conn.feeds[uuid] = command.as_of + 1
+                if command.snapshot and since.time <= command.as_of < upper:
+                    rows = self.sim.reference.rows(command.id, run.version_at(command.as_of))
+                    changes = dict.fromkeys(rows, 1)
+                    snapshot = SubscribeChanges(command.as_of, encode_changes(changes), len(changes))
+                    self._send(conn, now, SubscribeResponse(uuid, command.as_of, command.as_of + 1, (snapshot,) if changes else ()))
+            base = max(conn.feeds[uuid] - 1, since.time)
+            if upper <= base + 1:
+                continue
+            changes = []
+            rows = self.sim.reference.rows(command.id, run.version_at(base))
+            for time, version in run.versions:
+                if base < time < upper:
+                    after = self.sim.reference.rows(command.id, version)
+                    diffs = row_changes(rows, after)
+                    if diffs:
+                        changes.append(SubscribeChanges(time, encode_changes(diffs), len(diffs)))
+                    rows = after
+            lower = base + 1
+            if upper - lower > 1 and self.sim.rng.random() < 0.3:  # in two reports
+                middle = self.sim.rng.randint(lower + 1, upper - 1)
+                first = tuple(c for c in changes if c.time < middle)
+                self._send(conn, now, SubscribeResponse(uuid, lower, middle, first))
+                changes, lower = [c for c in changes if c.time >= middle], middle
+            self._send(conn, now, SubscribeResponse(uuid, lower, upper, tuple(changes)))
+            conn.feeds[uuid] = upper
+
     # --- Peeks ----------------------------------------------------------------------------
 
     def _answer_peeks(self, conn: SimConnection, now: int) -> None:
@@ -667,6 +739,27 @@ class IssuedPeek:
     lost: bool = False  # pending when the controller restarted: the client saw UNAVAILABLE
 
 
+@dataclass(slots=True)
+class ClientFeed:
+    """A client's feed of index `id`: its first subscription's `as_of` and `snapshot`,
+    the subscription it reads now (resumed under a new uuid after a controller restart),
+    and what it received: the consolidated changes, the last progress, every time."""
+
+    id: str
+    as_of: int
+    snapshot: bool
+    uuid: str
+    consolidated: dict[tuple[int, int], int] = field(default_factory=dict)
+    progress: int | None = None
+    times: set[int] = field(default_factory=set)
+    ended: str | None = None  # the code it ended with
+    closed: bool = False  # the client unsubscribed
+
+    @property
+    def open(self) -> bool:
+        return self.ended is None and not self.closed
+
+
 class Simulation:
     """Drives one `ComputeInstance` (replaced on a controller restart) with simulated
     replicas, a client workload and seeded faults, checking invariants as it goes."""
@@ -717,6 +810,7 @@ class Simulation:
         self.floor: dict[str, int] = {}  # export id -> its since before a controller restart
         self.next_replica = 1
         self.next_peek = 1
+        self.feeds: dict[str, ClientFeed] = {}  # by the uuid of its current subscription
         # Checks.
         self.violations: list[str] = []
         self.events: deque[str] = deque(maxlen=60)
@@ -792,6 +886,7 @@ class Simulation:
         instance = self.instance
         return (
             not instance.peeks
+            and not self._lagging_feeds()
             and not self.pending_connects
             and all(h.in_sync for h in instance.health())
             and instance.state() == "healthy"
@@ -848,6 +943,7 @@ class Simulation:
                 for k, d in instance.dataflows.items()
             ),
             tuple(instance.peeks),
+            tuple((uuid, s.frontier) for uuid, s in instance.subscriptions.items()),
             tuple(
                 (r.name, r.epoch, r.phase, tuple(r.frontiers.items()))
                 for r in instance.replicas.values()
@@ -915,6 +1011,56 @@ class Simulation:
             self.stats["peeks answered with errors"] += 1
         else:
             self.fail(f"peek {effect.uuid} answered with {result!r} from {effect.replica}")
+
+    def _subscribe_forward(self, effect: SubscribeForward) -> None:
+        feed = self.feeds.get(effect.uuid)
+        if feed is None or not feed.open:
+            self.fail(f"changes for subscription {effect.uuid}, which no client reads: {effect}")
+        floor = feed.as_of if feed.progress is None else feed.progress + 1
+        times = [c.time for c in effect.changes]
+        if times != sorted(set(times)) or (times and (times[0] < floor or times[-1] > effect.progress)):
+            self.fail(f"subscription {effect.uuid} got times {times} after progress {feed.progress}, up to {effect.progress}")
+        if feed.progress is not None and effect.progress <= feed.progress:
+            self.fail(f"subscription {effect.uuid}: progress {effect.progress} after {feed.progress}")
+        twice = feed.times.intersection(times)
+        if twice:
+            self.fail(f"subscription {effect.uuid}: times {sorted(twice)} delivered twice")
+        feed.times.update(times)
+        for change in effect.changes:
+            for row, diff in ast.literal_eval(change.arrow_ipc.decode()):  # what encode_changes wrote
+                total = feed.consolidated.get(row, 0) + diff
+                if total:
+                    feed.consolidated[row] = total
+                else:
+                    del feed.consolidated[row]
+        feed.progress = effect.progress
+        expected = dict.fromkeys(self.reference.rows(feed.id, self.source.version(effect.progress)), 1)
+        if not feed.snapshot:
+            for row in self.reference.rows(feed.id, self.source.version(feed.as_of)):
+                if expected.pop(row, None) is None:
+                    expected[row] = -1
+        if feed.consolidated != expected:
+            self.fail(f"feed of {feed.id} consolidated through {effect.progress} is {feed.consolidated}, expected {expected}")
+        self.stats["feed progress"] += 1
+        self.stats["feed changes"] += len(effect.changes)
+
+    def _subscribe_ended(self, effect: SubscribeEnded) -> None:
+        feed = self.feeds.get(effect.uuid)
+        key = self.dataflows.get(self.reference.descs[feed.id].export_ids[0]) if feed else None
+        if feed is None or not feed.open or effect.code != "NOT_FOUND" or key is None or not key.dropped:
+            self.fail(f"subscription {effect.uuid} ended ({effect.code}: {effect.message}), but its dataflow lives")
+        feed.ended = effect.code
+        self.stats["feeds ended by a drop"] += 1
+
+    def _lagging_feeds(self) -> list[str]:
+        """Open feeds that have not delivered everything their index has computed."""
+        lagging = []
+        for uuid, feed in self.feeds.items():
+            collection = self.instance.collections.get(feed.id)
+            if feed.open and collection is not None and not collection.write_frontier.is_empty:
+                if feed.progress is None or feed.progress < collection.write_frontier.time - 1:
+                    lagging.append(uuid)
+        return lagging
 
     def _check_error_answer(self, uuid: str, message: str) -> None:
         """An error answers a peek only if every active replica answered it with an
@@ -1146,6 +1292,16 @@ class Simulation:
             self.call(self.instance.create_dataflow, record.desc.with_as_of(since), record.window, sinces)
         for name in self.replica_names:
             self.call(self.instance.add_replica, name)
+        # Each client saw its stream break, and resumes from the last progress it got.
+        for uuid, feed in list(self.feeds.items()):
+            if feed.open:
+                resumed = self._new_uuid()
+                as_of, snapshot = (feed.as_of, feed.snapshot) if feed.progress is None else (feed.progress, False)
+                del self.feeds[uuid]
+                feed.uuid = resumed
+                self.feeds[resumed] = feed
+                self.event(f"resume subscription {resumed} to {feed.id} as of {as_of}")
+                self.call(self.instance.subscribe, Subscribe(resumed, feed.id, as_of, snapshot))
 
     # --- Client -------------------------------------------------------------------------------
 
@@ -1175,6 +1331,8 @@ class Simulation:
             (self._drop_replica, 3),
             (self._update_configuration, 2),
             (self._give_up_on_peeks, 3),
+            (self._subscribe, 3),
+            (self._unsubscribe, 1),
         )
         action = self.rng.choices([a for a, _ in actions], [w for _, w in actions])[0]
         action()
@@ -1309,6 +1467,29 @@ class Simulation:
         )
         self._issue(Peek(self._new_uuid(), target, time), "sql")
 
+    def _subscribe(self) -> None:
+        live = self.live_exports()
+        if not live:
+            return
+        id = self.rng.choice(live)
+        since = self.instance.collections[id].since.time
+        if since > 0 and self.rng.random() < 0.1:
+            self.refused("FAILED_PRECONDITION", self.instance.subscribe, Subscribe(self._new_uuid(), id, since - 1))
+            return
+        as_of = self.rng.randint(self.readable_floor(id), max(self.readable_floor(id), self.readable_time(id)))
+        feed = ClientFeed(id, as_of, self.rng.random() < 0.7, self._new_uuid())
+        self.feeds[feed.uuid] = feed
+        self.event(f"subscribe {feed.uuid} to {id} as of {as_of}" + (" with a snapshot" if feed.snapshot else ""))
+        self.call(self.instance.subscribe, Subscribe(feed.uuid, id, as_of, feed.snapshot))
+
+    def _unsubscribe(self) -> None:
+        open_feeds = [uuid for uuid, feed in self.feeds.items() if feed.open]
+        if open_feeds:
+            uuid = self.rng.choice(open_feeds)
+            self.feeds[uuid].closed = True
+            self.event(f"unsubscribe {uuid}")
+            self.call(self.instance.cancel_subscribe, uuid)
+
     def _add_replica(self) -> None:
         if len(self.replica_names) < 3:
             self.add_replica()
@@ -1386,7 +1567,7 @@ class Simulation:
             len(d.desc.index_exports) + len(d.desc.sink_exports)
             for d in instance.dataflows.values()
         )
-        bound = 3 + len(instance.peeks) + len(instance.dataflows) + exports
+        bound = 3 + len(instance.peeks) + len(instance.subscriptions) + len(instance.dataflows) + exports
         if instance.history.reductions != self._reductions:
             self._reductions = instance.history.reductions
             self._peak_bound = max(self._bound, bound)
@@ -1472,6 +1653,9 @@ class Simulation:
 
     def check_final(self) -> None:
         instance = self.instance
+        lagging = self._lagging_feeds()
+        if lagging:
+            self.fail(f"feeds {lagging} did not catch up with their indexes")
         for uuid, issued in self.peeks.items():
             expected = 0 if issued.lost else 1
             if len(issued.answers) != expected:
@@ -1522,6 +1706,8 @@ _EFFECTS: dict[type, Callable[[Simulation, object], None]] = {
     PeekDone: Simulation._peek_done,
     StorageHold: Simulation._storage_hold,
     SinceAdvanced: Simulation._since_advanced,
+    SubscribeForward: Simulation._subscribe_forward,
+    SubscribeEnded: Simulation._subscribe_ended,
 }
 
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from history import (
     AllowCompaction,
     CancelPeek,
+    CancelSubscribe,
     CommandHistory,
     ComputeParameters,
     CreateDataflow,
@@ -35,6 +36,7 @@ from history import (
     ReplicaState,
     Schedule,
     SinkExport,
+    Subscribe,
     UpdateConfiguration,
     apply,
     reduce_commands,
@@ -54,6 +56,7 @@ ORDER = (
     CreateDataflow,
     Schedule,
     Peek,
+    Subscribe,
     AllowCompaction,
     InitializationComplete,
 )
@@ -66,14 +69,14 @@ def at(time: int) -> Frontier:
 def bound(state: ReplicaState) -> int:
     """The most commands a reduced history may hold for `state`, as `reduce_commands`
     documents it: CreateInstance, UpdateConfiguration and InitializationComplete, each
-    pending peek, and per live dataflow 1 + exports (its CreateDataflow, one Schedule,
+    pending peek and open subscription, and per live dataflow 1 + exports (its CreateDataflow, one Schedule,
     and an AllowCompaction for every export but one: the lowest became the `as_of`).
 
     Tighter than 1 + 2 * exports (a Schedule and a compaction per export) once a
     dataflow has two exports; equal for one.
     """
     live = sum(1 + len(df.desc.export_ids) for df in state.dataflows.values())
-    return 3 + len(state.pending_peeks) + live
+    return 3 + len(state.pending_peeks) + len(state.subscriptions) + live
 
 
 def dataflow(
@@ -160,6 +163,8 @@ def test_reduced_history_is_canonical(commands):
     assert set(scheduled) == {key for key, df in state.dataflows.items() if df.scheduled}
     assert not any(type(c) is CancelPeek for c in reduced)
     assert [c.uuid for c in reduced if type(c) is Peek] == list(state.pending_peeks)
+    assert not any(type(c) is CancelSubscribe for c in reduced)
+    assert [c.uuid for c in reduced if type(c) is Subscribe] == list(state.subscriptions)
 
     assert_valid(reduced)
 
@@ -347,6 +352,22 @@ def test_a_peek_and_its_cancel_both_disappear():
     commands = [INSTANCE, create, peek("p1", "u4", 5), peek("p2", "u4", 6), CancelPeek("p1")]
     assert_reduces_to(commands, [INSTANCE, create, peek("p2", "u4", 6)])
     assert_reduces_to(commands + [CancelPeek("p2")], [INSTANCE, create])
+
+
+def test_a_subscription_lasts_until_its_cancel_or_its_dataflow_and_comes_after_the_peeks():
+    create = dataflow("u4", "u5")
+    commands = [INSTANCE, create, Subscribe("s1", "u4", 3), peek("p1", "u4", 5), Subscribe("s2", "u5", 4, snapshot=False)]
+    assert_reduces_to(commands, [INSTANCE, create, peek("p1", "u4", 5), Subscribe("s1", "u4", 3), Subscribe("s2", "u5", 4, snapshot=False)])
+    assert_reduces_to(commands + [CancelSubscribe("s1")], [INSTANCE, create, peek("p1", "u4", 5), Subscribe("s2", "u5", 4, snapshot=False)])
+    dropped = [CancelPeek("p1"), AllowCompaction("u4", EMPTY), AllowCompaction("u5", EMPTY)]
+    assert_reduces_to(commands + dropped, [INSTANCE])
+
+
+def test_a_subscription_to_what_is_not_live_yet_or_any_more_disappears():
+    create = dataflow("u4")
+    assert_reduces_to([INSTANCE, Subscribe("s1", "u4", 0), create], [INSTANCE, create])
+    dropped = [INSTANCE, create, AllowCompaction("u4", EMPTY), Subscribe("s1", "u4", 0)]
+    assert_reduces_to(dropped, [INSTANCE])
 
 
 def test_cancels_of_unknown_or_already_canceled_peeks_disappear():

@@ -37,10 +37,14 @@ from controller._instance import (
     Send,
     SinceAdvanced,
     StorageHold,
+    SubscribeEnded,
+    SubscribeForward,
+    SubscriptionState,
 )
 from history import (
     AllowCompaction,
     CancelPeek,
+    CancelSubscribe,
     ComputeCommand,
     ComputeParameters,
     CreateDataflow,
@@ -61,6 +65,9 @@ from history import (
     Resume,
     Schedule,
     StatusResponse,
+    Subscribe,
+    SubscribeChanges,
+    SubscribeResponse,
     apply,
     reduce_commands,
 )
@@ -890,6 +897,10 @@ def test_random_runs_exercise_every_fault():
         "refused drop_replica",
         "sessions started",
         "sessions resumed",  # near-horizon rehydration
+        "feed progress",  # changes delivered and checked against the reference
+        "feed changes",
+        "feeds ended by a drop",
+        "refused subscribe",
     ):
         assert totals.get(key, 0) > 0, f"no {key!r} in 20 seeds: {totals}"
 
@@ -927,6 +938,105 @@ def test_the_simulator_catches_an_error_that_wins_a_read(monkeypatch):
     with pytest.raises(SimulationFailure, match="could still answer it"):
         for seed in range(1, 20):
             run_seed(seed, **options(seed))
+
+
+def test_the_simulator_catches_a_time_forwarded_twice(monkeypatch):
+    """An instance that forwards every report of a subscription, not only its times not
+    forwarded yet, is caught."""
+    forward = ComputeInstance._subscribe_response
+
+    def forward_everything(self, replica, response):
+        subscription = self.subscriptions.get(response.uuid)
+        if subscription is not None and response.upper > subscription.frontier:
+            subscription.frontier = min(subscription.frontier, response.lower)
+        return forward(self, replica, response)
+
+    monkeypatch.setattr(ComputeInstance, "_subscribe_response", forward_everything)
+    with pytest.raises(SimulationFailure, match="delivered twice|after progress|consolidated through"):
+        for seed in range(20):
+            run_seed(seed, **options(seed))
+
+
+def test_the_simulator_catches_a_subscription_that_does_not_hold_its_index(monkeypatch):
+    """Without its hold, replicas compact past what a feed forwarded: their reports then
+    start past it, and an instance that takes them leaves a gap; one that does not
+    stalls (the feed never catches up, or cannot be resumed after a restart)."""
+    monkeypatch.setattr(SubscriptionState, "hold", lambda self: Frontier.empty())
+    forward = ComputeInstance._subscribe_response
+
+    def take_any_report(self, replica, response):
+        subscription = self.subscriptions.get(response.uuid)
+        if subscription is not None and response.lower > subscription.frontier:
+            subscription.frontier = response.lower
+        return forward(self, replica, response)
+
+    with pytest.raises(SimulationFailure, match="did not settle|did not catch up|compacted away"):
+        for seed in range(20):
+            run_seed(seed, **options(seed))
+    monkeypatch.setattr(ComputeInstance, "_subscribe_response", take_any_report)
+    with pytest.raises(SimulationFailure, match="consolidated through"):
+        for seed in range(20):
+            run_seed(seed, **{**options(seed), "restarts": False})
+
+
+def changes(time: int) -> SubscribeChanges:
+    return SubscribeChanges(time, f"changes at {time}".encode(), 1)
+
+
+def subscribed(*replicas: str) -> ComputeInstance:
+    """An instance with `replicas` and a subscription `s1` to dataflow u2 as of 5."""
+    instance = new_instance()
+    for name in replicas:
+        connect(instance, name)
+    instance.create_dataflow(dataflow("u2"))
+    instance.subscribe(Subscribe("s1", "u2", 5))
+    return instance
+
+
+def test_a_subscription_forwards_each_time_once_from_whichever_replica_reports_it_first():
+    instance = subscribed("r1", "r2")
+    first = instance.handle_response("r1", 1, SubscribeResponse("s1", 5, 6, (changes(5),)))
+    assert [e for e in first if isinstance(e, SubscribeForward)] == [SubscribeForward("s1", (changes(5),), 5)]
+    assert instance.collections["u2"].holds["subscribe:s1"] == Frontier(5)
+    # r2 reports the same time and more in one range: only the times not forwarded go on.
+    second = instance.handle_response("r2", 1, SubscribeResponse("s1", 5, 9, (changes(5), changes(7))))
+    assert [e for e in second if isinstance(e, SubscribeForward)] == [SubscribeForward("s1", (changes(7),), 8)]
+    assert instance.subscribe_duplicates == 1
+    # r1 is behind: its report is all forwarded already. A report starting past what
+    # was forwarded cannot say what changed in between, and is not taken either.
+    assert instance.handle_response("r1", 1, SubscribeResponse("s1", 6, 9, (changes(7),))) == []
+    assert instance.handle_response("r1", 1, SubscribeResponse("s1", 10, 12, (changes(11),))) == []
+    assert instance.subscriptions["s1"].frontier == 9 and instance.collections["u2"].holds["subscribe:s1"] == Frontier(8)
+    # Closing it tells the replicas and releases the hold.
+    effects = instance.cancel_subscribe("s1")
+    assert CancelSubscribe("s1") in [c for e in effects if isinstance(e, Send) for c in e.commands]
+    assert "subscribe:s1" not in instance.collections["u2"].holds and "s1" not in instance.subscriptions
+
+
+def test_a_subscription_is_refused_below_the_since_and_ends_with_its_dataflow():
+    instance = subscribed("r1")
+    with pytest.raises(InstanceError) as refused:
+        instance.subscribe(Subscribe("s1", "u2", 5))
+    assert refused.value.code == "ALREADY_EXISTS"
+    with pytest.raises(InstanceError) as refused:
+        instance.subscribe(Subscribe("s2", "nope", 5))
+    assert refused.value.code == "NOT_FOUND"
+    instance.collections["u2"].holds["implied"] = Frontier(9)
+    instance.cancel_subscribe("s1")  # the since may now move to 9
+    with pytest.raises(InstanceError) as refused:
+        instance.subscribe(Subscribe("s3", "u2", 8))
+    assert refused.value.code == "FAILED_PRECONDITION" and "since is 9" in str(refused.value)
+    instance.subscribe(Subscribe("s4", "u2", 9))
+    effects = instance.drop_dataflow("u2")
+    assert SubscribeEnded("s4", "NOT_FOUND", "dataflow df_u2 was dropped") in effects
+    assert not instance.subscriptions
+
+
+def test_a_subscription_ends_with_errors_only_once_every_active_replica_reported_one():
+    instance = subscribed("r1", "r2")
+    assert instance.handle_response("r1", 1, SubscribeResponse("s1", 5, 5, error="cannot diff a MAP column")) == []
+    ended = instance.handle_response("r2", 1, SubscribeResponse("s1", 5, 5, error="cannot diff a MAP column"))
+    assert ended[0] == SubscribeEnded("s1", "FAILED_PRECONDITION", "replica r1: cannot diff a MAP column; replica r2: cannot diff a MAP column")
 
 
 def test_the_simulator_catches_a_hot_loop(monkeypatch):
