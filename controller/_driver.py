@@ -34,7 +34,10 @@ from controller._instance import (
     Send,
     SinceAdvanced,
     StorageHold,
+    SubscribeEnded,
+    SubscribeForward,
 )
+from controller._subscribe import IndexFeed
 from history import ComputeResponse, DataflowDescription, PeekResult, StatusResponse
 from protocol.security import ServerSecurity
 
@@ -51,7 +54,8 @@ class InstanceDriver:
 
     Lifecycles: `connections` holds one entry per replica with a live `Connect`, replaced
     on rehydration and removed on `Disconnect`; `peek_waiters` holds a future per peek
-    issued through `peek_result`, resolved by its `PeekDone`.
+    issued through `peek_result`, resolved by its `PeekDone`; `feeds` holds the feed of
+    each open subscription, from `open_feed` until the feed stops.
     """
 
     def __init__(
@@ -85,6 +89,7 @@ class InstanceDriver:
         self._durable_flush: asyncio.Task | None = None
         self.connections: dict[str, ReplicaConnection] = {}
         self.peek_waiters: dict[str, asyncio.Future[tuple[PeekResult, str | None]]] = {}
+        self.feeds: dict[str, IndexFeed] = {}
         self._stepping = False
         self._tasks: list[asyncio.Task] = []
         # Serializes the requests that check the instance, write the catalog, then change
@@ -231,6 +236,35 @@ class InstanceDriver:
         if waiter is not None and not waiter.done():
             waiter.set_result((effect.result, effect.replica))
 
+    def open_feed(self, make_feed: Callable[[Callable[[str], None]], IndexFeed], subscribe: Step) -> IndexFeed:
+        """Open the feed `make_feed(cancel)` builds for the subscription the step
+        `subscribe` opens (refused, it registers nothing). The feed's `cancel` closes
+        the subscription, after the current step."""
+        loop = asyncio.get_running_loop()
+
+        def cancel(uuid: str) -> None:
+            self.feeds.pop(uuid, None)
+            loop.call_soon(self.post, lambda instance: instance.cancel_subscribe(uuid))
+
+        feed = make_feed(cancel)
+        self.feeds[feed.uuid] = feed
+        try:
+            self._execute(subscribe)
+        except Exception:
+            del self.feeds[feed.uuid]
+            raise
+        return feed
+
+    def _subscribe_forward(self, effect: SubscribeForward) -> None:
+        feed = self.feeds.get(effect.uuid)
+        if feed is not None:
+            feed.forward(effect.changes, effect.progress)
+
+    def _subscribe_ended(self, effect: SubscribeEnded) -> None:
+        feed = self.feeds.get(effect.uuid)
+        if feed is not None:
+            feed.fail(ControllerError(effect.code, effect.message))
+
     def _arbitrate(self, effect: Arbitrate) -> None:
         """Recompute the disputed version off the loop; report its digest (or why not)."""
         desc = self.instance.dataflows[effect.key].desc
@@ -295,4 +329,6 @@ _EFFECTS: dict[type, Callable[[InstanceDriver, Any], None]] = {
     StorageHold: InstanceDriver._record,
     SinceAdvanced: InstanceDriver._record,
     Arbitrate: InstanceDriver._arbitrate,
+    SubscribeForward: InstanceDriver._subscribe_forward,
+    SubscribeEnded: InstanceDriver._subscribe_ended,
 }

@@ -33,6 +33,8 @@ _FAMILIES = {
     "tandem_history_pushes": (CounterMetricFamily, "Commands pushed to the history", ["instance"]),
     "tandem_durable_backlog": (GaugeMetricFamily, "Sinces and holds waiting to be recorded", ["instance"]),
     "tandem_divergences": (CounterMetricFamily, "Digest disagreements between replicas", ["instance"]),
+    "tandem_subscriptions": (GaugeMetricFamily, "Open subscriptions to the instance's indexes", ["instance"]),
+    "tandem_subscribe_duplicates": (CounterMetricFamily, "Changes of a time a replica reported after another's were forwarded", ["instance"]),
     "tandem_write_frontier_ms": (GaugeMetricFamily, "Write frontier (a time in ms), of the instance (replica \"\") or a replica", _COLLECTION),
     "tandem_wallclock_lag_seconds": (GaugeMetricFamily, "Now minus the write frontier", _COLLECTION),
     "tandem_replica_in_sync": (GaugeMetricFamily, "1 when the replica is in sync", ["instance", "replica"]),
@@ -104,6 +106,8 @@ class ControllerMetrics(LoopCollector):
             add("tandem_history_pushes", (name,), history.pushed)
             add("tandem_durable_backlog", (name,), driver.durable_backlog)
             add("tandem_divergences", (name,), instance.divergences)
+            add("tandem_subscriptions", (name,), len(instance.subscriptions))
+            add("tandem_subscribe_duplicates", (name,), instance.subscribe_duplicates)
             for id, collection in instance.collections.items():
                 if collection.since.is_empty or collection.write_frontier.is_empty:
                     continue

@@ -10,6 +10,10 @@ Storage collections (sources and materialized views) are read from their batches
 are durable: the feed is exactly once by construction, whatever replicas do. While the
 feed is open it holds the collection's `since` where it has to read next.
 
+A dataflow's index is followed through its replicas: the instance subscribes every
+replica to it and forwards each time's changes once, from whichever replica reports
+that time first (`ComputeInstance.subscribe`); the driver hands them to the feed.
+
 A slow consumer cannot grow the controller's memory: the feed is produced into a
 bounded queue, and a producer that finds it full ends the feed with
 RESOURCE_EXHAUSTED, saying where to resume.
@@ -19,14 +23,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import pyarrow as pa
 
 from controller._api import ControllerError, SubscribeBatch
-from history import Frontier
+from history import Frontier, SubscribeChanges
 from catalog import FailedPrecondition, InvalidArgument
+from protocol import ipc_to_table
 from storage import DIFF, TIME, Storage
 
 POLL_S = 0.05  # how often an open feed looks for a new upper
@@ -44,16 +49,59 @@ class FeedRequest:
     progress: bool
 
 
-class StorageFeed:
+class _Feed:
+    """What every feed does for its client: a bounded queue of batches, then None (the
+    end) or a `ControllerError` (how it ended)."""
+
+    def __init__(self, request: FeedRequest) -> None:
+        self.request = request
+        self.delivered: int | None = None  # progress of the last batch the client took
+        self._queue: asyncio.Queue[SubscribeBatch | ControllerError | None] = asyncio.Queue(QUEUE_BATCHES)
+
+    def __aiter__(self) -> AsyncIterator[SubscribeBatch]:
+        return self._batches()
+
+    async def _batches(self) -> AsyncIterator[SubscribeBatch]:
+        while True:
+            item = await self._queue.get()
+            if item is None:
+                return
+            if isinstance(item, ControllerError):
+                raise item
+            if item.progress is not None:
+                self.delivered = item.progress
+            yield item
+
+    def _put(self, item: SubscribeBatch | None) -> None:
+        try:
+            self._queue.put_nowait(item)
+        except asyncio.QueueFull:
+            resume = (
+                f"with as_of={self.delivered} and snapshot off, the last progress it received"
+                if self.delivered is not None
+                else "as before: it received nothing"
+            )
+            raise ControllerError(
+                "RESOURCE_EXHAUSTED",
+                f"the subscriber to {self.request.name} fell {QUEUE_BATCHES} batches behind and was dropped; subscribe again {resume}",
+            ) from None
+
+    def _end(self, error: ControllerError) -> None:
+        """End the feed with `error` as the client's next item: what is queued was never
+        taken, and a client resumes from the progress it did take."""
+        while not self._queue.empty():
+            self._queue.get_nowait()
+        self._queue.put_nowait(error)
+
+
+class StorageFeed(_Feed):
     """The feed of one storage collection. Take its hold with `hold` (or it refuses and
     holds nothing), `start` it, iterate it; `close` it (it always releases the hold)."""
 
     def __init__(self, storage: Storage, request: FeedRequest) -> None:
+        super().__init__(request)
         self.storage = storage
-        self.request = request
         self.holder = f"subscribe:{uuid.uuid4().hex}"
-        self.delivered: int | None = None  # progress of the last batch the client took
-        self._queue: asyncio.Queue[SubscribeBatch | ControllerError | None] = asyncio.Queue(QUEUE_BATCHES)
         self._producer: asyncio.Task | None = None
 
     def hold(self) -> None:
@@ -83,20 +131,6 @@ class StorageFeed:
             self.storage.release_read_hold(self.request.collection_id, self.holder)
         except Exception:
             pass  # dropped with its collection, or released already
-
-    def __aiter__(self) -> AsyncIterator[SubscribeBatch]:
-        return self._batches()
-
-    async def _batches(self) -> AsyncIterator[SubscribeBatch]:
-        while True:
-            item = await self._queue.get()
-            if item is None:
-                return
-            if isinstance(item, ControllerError):
-                raise item
-            if item.progress is not None:
-                self.delivered = item.progress
-            yield item
 
     # --- Producing ------------------------------------------------------------------------
 
@@ -140,23 +174,55 @@ class StorageFeed:
                 return upper
             await asyncio.sleep(POLL_S)
 
-    def _put(self, item: SubscribeBatch | None) -> None:
-        try:
-            self._queue.put_nowait(item)
-        except asyncio.QueueFull:
-            resume = (
-                f"with as_of={self.delivered} and snapshot off, the last progress it received"
-                if self.delivered is not None
-                else "as before: it received nothing"
-            )
-            raise ControllerError(
-                "RESOURCE_EXHAUSTED",
-                f"the subscriber to {self.request.name} fell {QUEUE_BATCHES} batches behind and was dropped; subscribe again {resume}",
-            ) from None
 
-    def _end(self, error: ControllerError) -> None:
-        """End the feed with `error` as the client's next item: what is queued was never
-        taken, and a client resumes from the progress it did take."""
-        while not self._queue.empty():
-            self._queue.get_nowait()
-        self._queue.put_nowait(error)
+class IndexFeed(_Feed):
+    """The feed of one dataflow's index, fed by the instance driver: `forward` each
+    `SubscribeForward`, `fail` on its `SubscribeEnded`. `close` it: it then cancels the
+    subscription (through `cancel`), which releases the index's hold.
+
+    `empty` is an empty table of the index's columns plus `_time` and `_diff`, the
+    updates of a batch that brings progress alone.
+    """
+
+    def __init__(self, request: FeedRequest, subscription: str, empty: pa.Table, cancel: Callable[[str], None]) -> None:
+        super().__init__(request)
+        self.uuid = subscription
+        self._empty = empty
+        self._cancel = cancel
+        self._open = True
+        self._snapshot_due = request.snapshot  # the first batch goes out, empty or not
+
+    def forward(self, changes: tuple[SubscribeChanges, ...], progress: int) -> None:
+        """Queue the changes of one forward (times ascending, each time once) and its
+        progress, cut at `up_to`; a full queue ends the feed (RESOURCE_EXHAUSTED)."""
+        if not self._open:
+            return
+        request = self.request
+        tables = [ipc_to_table(c.arrow_ipc) for c in changes if request.up_to is None or c.time < request.up_to]
+        # Replicas may differ in nullability flags, never in values or types.
+        updates = pa.concat_tables(tables, promote_options="permissive") if tables else self._empty
+        done = request.up_to is not None and progress >= request.up_to - 1
+        if done:
+            progress = request.up_to - 1
+        try:
+            if updates.num_rows or request.progress or done or self._snapshot_due:
+                self._snapshot_due = False
+                self._put(SubscribeBatch(updates, progress))
+            if done:
+                self._put(None)
+                self._stop()
+        except ControllerError as error:
+            self.fail(error)
+
+    def fail(self, error: ControllerError) -> None:
+        if self._open:
+            self._end(error)
+            self._stop()
+
+    def _stop(self) -> None:
+        self._open = False
+        self._cancel(self.uuid)
+
+    async def close(self) -> None:
+        if self._open:
+            self._stop()

@@ -31,11 +31,12 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
+import pyarrow as pa
+
 from catalog import (
     AlreadyExists,
     Catalog,
     CatalogError,
-    CollectionInfo,
     DataflowInfo,
     FailedPrecondition,
     Fenced,
@@ -63,12 +64,12 @@ from controller._metrics import ControllerMetrics
 from controller._instance import ComputeInstance, InstanceError, InstanceOptions, SinceAdvanced, StorageHold
 from controller._orchestrator import Orchestrator, size_of
 from controller._planner import Planner
-from controller._subscribe import FeedRequest, StorageFeed
+from controller._subscribe import FeedRequest, IndexFeed, StorageFeed
 from controller._upkeep import StorageUpkeep, UpkeepOptions
-from history import DataflowDescription, DataflowStatus, Frontier, Import, IndexTarget, Peek, PeekCanceled, PeekRows, RowSetFinishing, SqlTarget
+from history import DataflowDescription, DataflowStatus, Frontier, Import, IndexTarget, Peek, PeekCanceled, PeekRows, RowSetFinishing, SqlTarget, Subscribe
 from protocol.security import ServerSecurity
 from replica_service._spark import standalone_masters
-from storage import Storage
+from storage import DIFF, TIME, Storage, parse_schema
 
 log = logging.getLogger(__name__)
 
@@ -470,18 +471,31 @@ class Controller:
         up_to: int | None = None,
         snapshot: bool = True,
         progress: bool = False,
-    ) -> StorageFeed:
-        """The open feed of `name`: a dataflow of `instance` with a materialized view (its
-        view), or a source or materialized view. Checked before anything opens: an
-        unknown name is NOT_FOUND, `as_of` below the since FAILED_PRECONDITION naming
-        it, `up_to` not after `as_of` INVALID_ARGUMENT. The caller closes the feed."""
-        collection = await self._feed_collection(instance, name)
+    ) -> StorageFeed | IndexFeed:
+        """The open feed of `name`: a dataflow of `instance` (its materialized view if it
+        has one, else its index, through the replicas), or a source or materialized
+        view. Checked before anything opens: an unknown name is NOT_FOUND, `as_of`
+        below the since FAILED_PRECONDITION naming it, `up_to` not after `as_of`
+        INVALID_ARGUMENT. The caller closes the feed."""
+        if as_of is not None and as_of < 0:
+            raise ControllerError("INVALID_ARGUMENT", f"as_of must be a time (a non-negative int), not {as_of}")
+        collection = None
+        if instance is not None:
+            driver = self._driver(instance)  # NOT_FOUND for an unknown instance
+            try:
+                dataflow = await asyncio.to_thread(self.catalog.dataflow_by_name, instance, name)
+            except NotFound:
+                dataflow = None
+            if dataflow is not None and dataflow.sink_id is None:
+                return await self._subscribe_index(driver, name, FeedRequest("", name, as_of, up_to, snapshot, progress))
+            if dataflow is not None:
+                collection = await _blocking(self.catalog.get_collection, dataflow.sink_id)
+        if collection is None:
+            collection = await _blocking(self.catalog.collection_by_name, name)
         since = collection.since.time
         if as_of is None:
             upper = collection.upper
             as_of = since if upper.is_empty else max(since, upper.time - 1)
-        elif as_of < 0:
-            raise ControllerError("INVALID_ARGUMENT", f"as_of must be a time (a non-negative int), not {as_of}")
         elif as_of < since:
             raise ControllerError(
                 "FAILED_PRECONDITION", f"cannot subscribe to {name} as of {as_of}: its since is {since} (times before it were compacted away)"
@@ -492,22 +506,23 @@ class Controller:
         await _blocking(feed.hold)
         return feed.start()
 
-    async def _feed_collection(self, instance: str | None, name: str) -> CollectionInfo:
-        if instance is not None:
-            self._driver(instance)  # NOT_FOUND for an unknown instance
-            try:
-                dataflow = await asyncio.to_thread(self.catalog.dataflow_by_name, instance, name)
-            except NotFound:
-                dataflow = None
-            if dataflow is not None:
-                if dataflow.sink_id is None:
-                    raise ControllerError(
-                        "UNIMPLEMENTED",
-                        f"dataflow {name} has no materialized view, and feeds of an index alone are not built yet: "
-                        f"create it with --materialize to subscribe to it",
-                    )
-                return await _blocking(self.catalog.get_collection, dataflow.sink_id)
-        return await _blocking(self.catalog.collection_by_name, name)
+    async def _subscribe_index(self, driver: InstanceDriver, name: str, request: FeedRequest) -> IndexFeed:
+        """The feed of dataflow `name`'s index, as of `request.as_of` (None: the latest
+        time it can serve), opened on its instance."""
+
+        def index_of(instance: ComputeInstance) -> tuple[list, tuple[str, int, str]]:
+            desc = instance.dataflow_named(name).desc
+            id = desc.index_exports[0].id
+            return [], (id, instance.readable_time(id) if request.as_of is None else request.as_of, desc.schema)
+
+        id, as_of, ddl = await driver.call(index_of)
+        if request.up_to is not None and request.up_to <= as_of:
+            raise ControllerError("INVALID_ARGUMENT", f"up_to ({request.up_to}) must be after as_of ({as_of})")
+        request = FeedRequest(id, name, as_of, request.up_to, request.snapshot, request.progress)
+        command = Subscribe(uuid.uuid4().hex, id, as_of, request.snapshot)
+        empty = parse_schema(ddl).empty_table()
+        empty = empty.append_column(TIME, pa.array([], pa.int64())).append_column(DIFF, pa.array([], pa.int64()))
+        return driver.open_feed(lambda cancel: IndexFeed(request, command.uuid, empty, cancel), lambda instance: instance.subscribe(command))
 
     async def _advance_sources(self) -> None:
         """One tick of the advancer: move every idle source's upper to now, so dataflows

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from history import Frontier, OrderBy, Predicate, RowSetFinishing, Scalar
+from storage import DIFF, TIME
 
 
 def canonical_sort(table: pa.Table, leading: Sequence[str] = ()) -> pa.Table:
@@ -55,6 +56,25 @@ def digest(table: pa.Table) -> str:
         table, sink, compression="NONE", use_dictionary=False, write_statistics=False, row_group_size=max(1, table.num_rows), store_schema=False
     )
     return hashlib.sha256(sink.getvalue()).hexdigest()[:32]
+
+
+def changes(before: pa.Table | None, after: pa.Table, time: int) -> pa.Table:
+    """What changed from `before` (None: nothing) to `after`, at `time`: each distinct row
+    once, with `_time` and its `_diff` (never 0), in canonical order, so replicas with the
+    same versions produce the same bytes. Raises ValueError for a column Arrow cannot
+    group by (nested types)."""
+    columns = after.column_names
+    signed = [after.append_column(DIFF, pa.nulls(after.num_rows, pa.int64()).fill_null(1))]
+    if before is not None and before.num_rows:
+        signed.append(before.cast(after.schema).append_column(DIFF, pa.nulls(before.num_rows, pa.int64()).fill_null(-1)))
+    both = pa.concat_tables(signed)
+    try:
+        summed = both.group_by(columns, use_threads=False).aggregate([(DIFF, "sum")])
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+        raise ValueError(f"cannot compute the changes of rows with columns {after.schema}: {e}") from None
+    summed = summed.rename_columns([DIFF if n == f"{DIFF}_sum" else n for n in summed.column_names]).select([*columns, DIFF])
+    changed = canonical_sort(summed.filter(pc.not_equal(summed.column(DIFF), 0)))
+    return changed.add_column(len(columns), TIME, pa.nulls(changed.num_rows, pa.int64()).fill_null(time))
 
 
 @dataclass(slots=True)

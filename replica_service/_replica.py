@@ -24,7 +24,15 @@ Every accepted connection answers first with `HelloAck` (resumed, commands recei
 A resumed, initialized session then reports every live export's write frontier again
 (reports in flight on the old stream were lost). Answers lost with the old stream are
 the controller's to recover: it sends the peeks it has no answer for again, and a
-`Peek` whose uuid is still pending here is a no-op.
+`Peek` whose uuid is still pending here is a no-op; it sends each open subscription
+again from what it forwarded, and a `Subscribe` for an open uuid restarts its reports
+there.
+
+Subscriptions: a task per open subscription of the session reports its index's changes
+per time, as the dataflow's frontier moves: the snapshot at `as_of` first if asked and
+still computable here, then from the last reported time, or from the arrangement's
+since where this replica was built or compacted past it (the controller forwards each
+time once, from whichever replica reports it first).
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ from catalog import CatalogError
 from history import (
     AllowCompaction,
     CancelPeek,
+    CancelSubscribe,
     ComputeCommand,
     ComputeParameters,
     ComputeResponse,
@@ -65,11 +74,14 @@ from history import (
     PeekRows,
     Schedule,
     StatusResponse,
+    Subscribe,
+    SubscribeChanges,
+    SubscribeResponse,
     UpdateConfiguration,
 )
 from protocol import HelloAck, Refusal, table_to_ipc
 from replica_service import _spark
-from replica_service._arrangement import Arrangement, Version, canonical_sort, digest, finish
+from replica_service._arrangement import Arrangement, Version, canonical_sort, changes, digest, finish
 from replica_service._crashes import CrashRecord
 from replica_service._dataflow import Dataflow
 from replica_service._metrics import ReplicaMetrics
@@ -152,7 +164,9 @@ class Replica:
     reconciliation) and loses it when every export is compacted to the empty frontier
     or reconciliation drops it; `collections` maps each live export id to its dataflow;
     `peeks` holds a task per unanswered peek of the current session, removed in the
-    same step that sends its one response; a new session cancels them all.
+    same step that sends its one response; `feeds` a task per open subscription of the
+    current session, until its `CancelSubscribe`, an error, or a `Subscribe` for its
+    uuid replaces it; a new session cancels them all.
     """
 
     def __init__(
@@ -172,6 +186,7 @@ class Replica:
         self.wakeups: dict[str, asyncio.Event] = {}  # dataflow id -> "inputs may have moved"
         self.progress = asyncio.Event()  # set and replaced whenever any frontier moves
         self.peeks: dict[str, asyncio.Task] = {}
+        self.feeds: dict[str, asyncio.Task] = {}  # subscription uuid -> its reporting task
         # One reader per storage collection that a live dataflow imports or writes,
         # shared by those dataflows; dropped with the last of them.
         self.readers: dict[str, StorageReader] = {}
@@ -200,7 +215,7 @@ class Replica:
     async def shutdown(self) -> None:
         if self.connection:
             self.connection.close()
-        for task in [*self.tasks.values(), *self.peeks.values(), *filter(None, [self._poller])]:
+        for task in [*self.tasks.values(), *self.peeks.values(), *self.feeds.values(), *filter(None, [self._poller])]:
             task.cancel()
         session = await self._instance_session if self._instance_session is not None else self._session
         await asyncio.get_running_loop().run_in_executor(self._step_pool, session.stop)
@@ -243,6 +258,9 @@ class Replica:
                     old.send(PeekResponse(uuid, PeekCanceled()))
                 old.close()
             self.peeks.clear()
+            for task in self.feeds.values():
+                task.cancel()  # the new session's history subscribes again
+            self.feeds.clear()
             self.connection = Connection(hello.controller_epoch, hello.nonce)
             log.info(
                 "controller connected: epoch %d, nonce %s starts a new session (%s)",
@@ -447,6 +465,54 @@ class Replica:
         if task is not None:
             task.cancel()
             self.connection.send(PeekResponse(command.uuid, PeekCanceled()))
+
+    def _subscribe(self, command: Subscribe) -> None:
+        old = self.feeds.pop(command.uuid, None)
+        if old is not None:
+            old.cancel()  # sent again after a resume: report from the new as_of
+        self.feeds[command.uuid] = asyncio.get_running_loop().create_task(self._feed(command))
+
+    def _cancel_subscribe(self, command: CancelSubscribe) -> None:
+        task = self.feeds.pop(command.uuid, None)
+        if task is not None:
+            task.cancel()
+
+    # --- Subscriptions -------------------------------------------------------------------
+
+    async def _feed(self, command: Subscribe) -> None:
+        """Report subscription `command`'s changes as its index's frontier moves, until
+        canceled; an error (the index is not here, its dataflow failed, its rows cannot
+        be diffed) is reported once and ends it."""
+        loop = asyncio.get_running_loop()
+        reported = command.as_of + 1  # every change before it is reported (or skipped)
+        snapshot = command.snapshot
+        try:
+            while True:
+                _, arrangement = self._readable(command.id, command.as_of, compacted_ok=True)
+                since = arrangement.since.time
+                # Every version below `complete` is final (a closed index: every version).
+                complete = arrangement.upper.time if not arrangement.upper.is_empty else arrangement.versions[-1].time + 1
+                if snapshot and since > command.as_of:
+                    snapshot = False  # built or compacted past it here: another replica sends it
+                    log.info("subscription %s: %s is compacted past as_of %d here", command.uuid, command.id, command.as_of)
+                if snapshot and complete > command.as_of and arrangement.versions:
+                    snapshot = False
+                    report = await loop.run_in_executor(self._io_pool, _snapshot, command, arrangement.version_at(command.as_of))
+                    self.connection.send(report)
+                    continue  # the arrangement may have moved meanwhile: look again
+                base = max(reported - 1, since)
+                if not snapshot and complete > base + 1 and arrangement.versions:
+                    first = arrangement.version_at(base)
+                    later = [v for v in arrangement.versions if base < v.time < complete]
+                    report = await loop.run_in_executor(self._io_pool, _changes_between, command.uuid, base, complete, first, later)
+                    self.connection.send(report)
+                    reported = complete
+                await self._wait_progress()
+        except Exception as e:  # PeekFailed (not readable here), ValueError (no diff), a bug
+            message = str(e) if isinstance(e, (PeekFailed, ValueError)) else _spark_error_message(e)
+            if self.feeds.get(command.uuid) is asyncio.current_task():
+                del self.feeds[command.uuid]
+                self.connection.send(SubscribeResponse(command.uuid, reported, reported, error=message))
 
     # --- Dataflows -----------------------------------------------------------------------
 
@@ -707,14 +773,16 @@ class Replica:
         ordered = bool(peek.finishing.order_by) or _spark.is_ordered(frame)
         return finish(result if ordered else canonical_sort(result), peek.finishing)
 
-    def _readable(self, id: str, time: int) -> tuple[Dataflow, Arrangement]:
+    def _readable(self, id: str, time: int, *, compacted_ok: bool = False) -> tuple[Dataflow, Arrangement]:
+        """The dataflow and arrangement of index `id`, readable at `time` (or, with
+        `compacted_ok`, at its since); PeekFailed saying why not."""
         dataflow = self.collections.get(id)
         if dataflow is None or id not in dataflow.arrangements or id in dataflow.dropped:
             raise PeekFailed(f"collection {id} is not an index on this replica")
         if dataflow.error is not None:
             raise PeekFailed(f"dataflow {dataflow.desc.name} failed: {dataflow.error}")
         arrangement = dataflow.arrangements[id]
-        if arrangement.since.is_empty or time < arrangement.since.time:
+        if arrangement.since.is_empty or (time < arrangement.since.time and not compacted_ok):
             raise PeekFailed(f"cannot read {id} at time {time}: it is compacted to since {arrangement.since}")
         return dataflow, arrangement
 
@@ -766,6 +834,26 @@ class Replica:
         self.progress = asyncio.Event()
 
 
+def _snapshot(command: Subscribe, version: Version) -> SubscribeResponse:
+    """The report of subscription `command`'s contents at `as_of`, from `version`."""
+    rows = changes(None, version.table, command.as_of)
+    chunk = (SubscribeChanges(command.as_of, table_to_ipc(rows), rows.num_rows),) if rows.num_rows else ()
+    return SubscribeResponse(command.uuid, command.as_of, command.as_of + 1, chunk)
+
+
+def _changes_between(uuid: str, base: int, end: int, first: Version, later: list[Version]) -> SubscribeResponse:
+    """The report of the times `(base, end)`: each of the `later` versions' changes from
+    the one before it, starting from `first` (the version at `base`)."""
+    chunks = []
+    before = first.table
+    for version in later:
+        rows = changes(before, version.table, version.time)
+        if rows.num_rows:
+            chunks.append(SubscribeChanges(version.time, table_to_ipc(rows), rows.num_rows))
+        before = version.table
+    return SubscribeResponse(uuid, base + 1, end, tuple(chunks))
+
+
 def _latest_rows(dataflow: Dataflow) -> pa.Table | None:
     """The rows of the dataflow's latest version (all its indexes hold the same rows)."""
     for arrangement in dataflow.arrangements.values():
@@ -807,4 +895,6 @@ _HANDLERS: dict[type, Callable[[Replica, Any], None]] = {
     AllowCompaction: Replica._allow_compaction,
     Peek: Replica._peek,
     CancelPeek: Replica._cancel_peek,
+    Subscribe: Replica._subscribe,
+    CancelSubscribe: Replica._cancel_subscribe,
 }

@@ -86,6 +86,7 @@ class Responses:
     peeks: dict[str, h.PeekResult] = field(default_factory=dict)
     peek_counts: dict[str, int] = field(default_factory=dict)
     statuses: list[h.StatusResponse] = field(default_factory=list)
+    subscriptions: dict[str, list[h.SubscribeResponse]] = field(default_factory=dict)  # uuid -> its reports
     refusal: Refusal | None = None
     frontier_log: list[h.FrontiersResponse] = field(default_factory=list)
     nonces: set[str] = field(default_factory=set)
@@ -141,6 +142,8 @@ class ScriptedClient:
             r.peek_counts[response.uuid] = r.peek_counts.get(response.uuid, 0) + 1
         elif isinstance(response, h.StatusResponse):
             r.statuses.append(response)
+        elif isinstance(response, h.SubscribeResponse):
+            r.subscriptions.setdefault(response.uuid, []).append(response)
         else:
             r.refusal = response
 

@@ -607,3 +607,57 @@ def test_a_hydrating_dataflow_reports_its_first_steps_tasks_then_none(env, sales
     assert (hydrated.hydration_tasks_done, hydrated.hydration_tasks_total) == (0, 0)
     small.send(h.AllowCompaction(id, h.Frontier.empty()))
     small.client.wait_for(lambda r: r.frontiers.get(id) == h.Frontier.empty(), 30, "the drop")
+
+
+def _consolidated(reports: list[h.SubscribeResponse], through: int) -> dict[tuple, int]:
+    """The rows the changes at times up to `through` add up to: row -> count."""
+    counts: dict[tuple, int] = {}
+    for report in reports:
+        for change in report.changes:
+            if change.time <= through:
+                for row in ipc_to_table(change.arrow_ipc).to_pylist():
+                    key = (row["region"], round(row["total"], 9), row["n"])
+                    counts[key] = counts.get(key, 0) + row["_diff"]
+    return {key: count for key, count in counts.items() if count}
+
+
+def test_a_subscription_reports_its_snapshot_then_each_times_changes_alike_on_two_replicas(env, sales, small, large, spark):
+    desc = _dataflow(env, "followed", TOTALS, {"sales": sales["id"]}, key=["region"])
+    index, as_of = desc.export_ids[0], sales["times"][1]
+    subscribe = h.Subscribe("feed-1", index, as_of)
+    for controller in (small, large):
+        controller.send(h.CreateDataflow(desc), h.Schedule(index), subscribe)
+    later = append(env, sales, [{"id": 900, "region": "west", "amount": 2.5}, {"id": 1, "region": "south", "amount": 0.1, "_diff": -1}])
+    reports = {}
+    for controller in (small, large):
+        reached = lambda r: (got := r.subscriptions.get("feed-1")) and got[-1].upper > later and got
+        reports[controller] = list(controller.client.wait_for(reached, 120, "the feed past the append"))
+        assert reports[controller][0].lower == as_of and reports[controller][0].upper == as_of + 1  # the snapshot
+        assert all(c.time == as_of for c in reports[controller][0].changes)
+        assert all(a.upper == b.lower for a, b in zip(reports[controller], reports[controller][1:]))  # no gap, no overlap
+    # The same changes, to the byte, at the same times on both replicas.
+    by_time = [{c.time: c.arrow_ipc for r in reports[c_] for c in r.changes} for c_ in (small, large)]
+    assert by_time[0] == by_time[1] and later in by_time[0]
+    for t in [as_of, *[t for t in sales["times"] if as_of < t <= later]]:
+        expected = _expected(spark, env, TOTALS, {"sales": sales["id"]}, t).to_pylist()
+        assert _consolidated(reports[small], t) == {(r["region"], round(r["total"], 9), r["n"]): 1 for r in expected}, t
+
+    # A Subscribe for an open uuid restarts its reports there (the controller resends it
+    # after a resume); a cancel ends them.
+    small.send(h.Subscribe("feed-1", index, later, snapshot=False))
+    last = append(env, sales, [{"id": 901, "region": "west", "amount": 1.0}])
+    reached = lambda r: (got := r.subscriptions["feed-1"][len(reports[small]) :]) and got[-1].upper > last and got
+    again = small.client.wait_for(reached, 60, "reports after the resend")
+    assert again[0].lower == later + 1 and [c.time for r in again for c in r.changes] == [last]
+    small.send(h.CancelSubscribe("feed-1"))
+    time.sleep(0.5)
+    count = len(small.client.responses.subscriptions["feed-1"])
+    append(env, sales, [{"id": 902, "region": "west", "amount": 1.0}])
+    small.client.wait_frontier(index, past=sales["times"][-1])
+    assert len(small.client.responses.subscriptions["feed-1"]) == count
+
+
+def test_a_subscription_to_what_is_not_an_index_here_is_an_error(small):
+    small.send(h.Subscribe("feed-2", "u999999", 0))
+    (report,) = small.client.wait_for(lambda r: r.subscriptions.get("feed-2"), 30, "the error")
+    assert report.error == "collection u999999 is not an index on this replica" and not report.changes

@@ -11,6 +11,7 @@ import json
 from collections import Counter
 
 import grpc
+import pyarrow as pa
 import pytest
 from test_client_api import ServerThread
 from test_runtime_ddl import _controller, _stop
@@ -20,7 +21,8 @@ from controller import _subscribe
 from controller._api import ControllerError, SubscribeBatch
 from controller.cli import main
 from controller.client import Client, TandemError
-from history import Frontier
+from history import Frontier, SubscribeChanges
+from protocol import table_to_ipc
 
 SCHEMA = "id BIGINT NOT NULL, v STRING"
 
@@ -148,15 +150,18 @@ def test_bad_subscriptions_are_refused_and_open_nothing(tmp_path):
             lambda: controller.subscribe(None, "s", as_of=first),
             lambda: controller.subscribe(None, "s", as_of=second, up_to=second),
             lambda: controller.subscribe(None, "s", as_of=-1),
-            lambda: controller.subscribe("main", "idx"),
+            lambda: controller.subscribe("main", "nothing"),
+            lambda: controller.subscribe("main", "idx", as_of=first),  # an index: the instance checks
+            lambda: controller.subscribe("main", "idx", as_of=second, up_to=second),
         ):
             with pytest.raises(ControllerError) as refused:
                 await call()
             refusals[refused.value.code] = refusals.get(refused.value.code, []) + [refused.value.message]
-        assert sorted(refusals) == ["FAILED_PRECONDITION", "INVALID_ARGUMENT", "NOT_FOUND", "UNIMPLEMENTED"]
-        assert len(refusals["NOT_FOUND"]) == 2 and len(refusals["INVALID_ARGUMENT"]) == 2
-        assert f"its since is {second}" in refusals["FAILED_PRECONDITION"][0]
-        assert "--materialize" in refusals["UNIMPLEMENTED"][0]
+        assert sorted(refusals) == ["FAILED_PRECONDITION", "INVALID_ARGUMENT", "NOT_FOUND"]
+        assert len(refusals["NOT_FOUND"]) == 3 and len(refusals["INVALID_ARGUMENT"]) == 3
+        assert [f"its since is {second}" in message for message in refusals["FAILED_PRECONDITION"]] == [True, True]
+        instance = controller._driver("main")
+        assert not instance.feeds and not instance.instance.subscriptions
         # The since can move between the check and the hold: the hold is refused then.
         late = _subscribe.StorageFeed(controller.storage, _subscribe.FeedRequest(id, "s", first, None, True, False))
         with pytest.raises(FailedPrecondition, match=f"as of {first}"):
@@ -201,3 +206,56 @@ def test_the_feed_crosses_grpc_to_the_client_and_the_cli(tmp_path, capsys):
         assert capsys.readouterr().out.splitlines()[0] == f'{first}  +1  {{"id": 1, "v": "a"}}'
     finally:
         server.close()
+
+
+def _changes(time: int, *rows: tuple[int, str, int]) -> SubscribeChanges:
+    table = pa.Table.from_pylist(
+        [{"id": id, "v": v, "_time": time, "_diff": diff} for id, v, diff in rows],
+        pa.schema([("id", pa.int64()), ("v", pa.string()), ("_time", pa.int64()), ("_diff", pa.int64())]),
+    )
+    return SubscribeChanges(time, table_to_ipc(table), table.num_rows)
+
+
+def _index_feed(canceled: list, **request) -> _subscribe.IndexFeed:
+    options = {"as_of": 5, "up_to": None, "snapshot": True, "progress": False, **request}
+    empty = pa.schema([("id", pa.int64()), ("v", pa.string()), ("_time", pa.int64()), ("_diff", pa.int64())]).empty_table()
+    return _subscribe.IndexFeed(_subscribe.FeedRequest("u9", "idx", **options), "s1", empty, canceled.append)
+
+
+def test_an_index_feed_queues_what_the_instance_forwards_and_cuts_it_at_up_to():
+    async def run() -> None:
+        canceled: list[str] = []
+        feed = _index_feed(canceled, up_to=9)
+        feed.forward((), 5)  # an empty snapshot still opens the feed
+        feed.forward((), 6)  # progress alone: not asked for
+        feed.forward((_changes(7, (1, "a", 1)),), 7)
+        feed.forward((_changes(8, (1, "a", -1)), _changes(9, (2, "b", 1))), 12)  # past up_to
+        batches = [batch async for batch in feed]
+        assert [(b.progress, b.updates.to_pylist()) for b in batches] == [
+            (5, []),
+            (7, [{"id": 1, "v": "a", "_time": 7, "_diff": 1}]),
+            (8, [{"id": 1, "v": "a", "_time": 8, "_diff": -1}]),
+        ]
+        assert canceled == ["s1"]  # up_to reached: the subscription is closed
+        feed.forward((_changes(13, (3, "c", 1)),), 14)  # too late: nothing more
+        await feed.close()
+        assert canceled == ["s1"]
+
+    asyncio.run(run())
+
+
+def test_an_index_feed_a_client_does_not_read_ends_resource_exhausted_and_closes():
+    async def run() -> None:
+        canceled: list[str] = []
+        feed = _index_feed(canceled, snapshot=False, progress=True)
+        for time in range(6, 6 + _subscribe.QUEUE_BATCHES + 1):
+            feed.forward((), time)
+        with pytest.raises(ControllerError) as ended:
+            async for _ in feed:
+                pass
+        assert ended.value.code == "RESOURCE_EXHAUSTED" and "subscribe again as before" in ended.value.message
+        assert canceled == ["s1"]
+        feed.fail(ControllerError("NOT_FOUND", "dropped"))  # after the end: no second cancel
+        assert canceled == ["s1"]
+
+    asyncio.run(run())
