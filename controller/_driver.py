@@ -55,7 +55,8 @@ class InstanceDriver:
     Lifecycles: `connections` holds one entry per replica with a live `Connect`, replaced
     on rehydration and removed on `Disconnect`; `peek_waiters` holds a future per peek
     issued through `peek_result`, resolved by its `PeekDone`; `feeds` holds the feed of
-    each open subscription, from `open_feed` until the feed stops.
+    each open subscription, from `open_feed` until the feed stops (`stop` ends every
+    one, UNAVAILABLE).
     """
 
     def __init__(
@@ -110,6 +111,8 @@ class InstanceDriver:
         self._tasks = [loop.create_task(self._tick())]
 
     async def stop(self) -> None:
+        for feed in list(self.feeds.values()):
+            feed.fail(ControllerError("UNAVAILABLE", f"instance {self.name} was dropped or its controller is stopping"))
         for task in [*self._tasks, *self._arbitrating, *filter(None, [self._durable_flush, self._events_flush])]:
             task.cancel()
         for connection in self.connections.values():

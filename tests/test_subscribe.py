@@ -162,6 +162,14 @@ def test_bad_subscriptions_are_refused_and_open_nothing(tmp_path):
         assert [f"its since is {second}" in message for message in refusals["FAILED_PRECONDITION"]] == [True, True]
         instance = controller._driver("main")
         assert not instance.feeds and not instance.instance.subscriptions
+        # An open index feed ends, it does not hang, when its instance goes.
+        feed = await controller.subscribe("main", "idx")
+        assert list(instance.feeds) == [feed.uuid] and list(instance.instance.subscriptions) == [feed.uuid]
+        await controller.drop_instance("main")
+        with pytest.raises(ControllerError) as ended:
+            async for _ in feed:
+                pass
+        assert ended.value.code == "UNAVAILABLE" and "instance main" in ended.value.message
         # The since can move between the check and the hold: the hold is refused then.
         late = _subscribe.StorageFeed(controller.storage, _subscribe.FeedRequest(id, "s", first, None, True, False))
         with pytest.raises(FailedPrecondition, match=f"as of {first}"):
