@@ -1072,7 +1072,7 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(run=lambda args: _watch_status(args) if args.watch else _run(lambda c, a: c.status(a.instance), _status, args))
 
     follow = (
-        "follow the changes of a dataflow's materialized view, a source or a view: the contents at "
+        "follow the changes of a dataflow (its view or its index), a source or a view: the contents at "
         "--as-of, then every change in time order, one line per update (time, diff, row), until interrupted"
     )
     p = commands.add_parser("subscribe", parents=[common], help=follow, description=follow)

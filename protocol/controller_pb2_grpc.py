@@ -255,8 +255,9 @@ class ControllerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Subscribe(self, request, context):
-        """The change feed of a source, a materialized view or a dataflow's view: its snapshot
-        at as_of, then every change in time order, each time once, with progress. Refused
+        """The change feed of a source, a materialized view, or a dataflow (its view, or its
+        index as the replicas report it): its snapshot at as_of, then every change in time
+        order, each time once, with progress. Refused
         before anything opens: NOT_FOUND, FAILED_PRECONDITION (as_of below the since),
         INVALID_ARGUMENT (up_to not after as_of). A client that does not read is dropped
         with RESOURCE_EXHAUSTED saying where to resume.
