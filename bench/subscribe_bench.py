@@ -1,15 +1,16 @@
 """Subscription latency: from an append returning to the update arriving at a subscriber.
 
-    .venv/bin/python bench/subscribe_bench.py                  # about 5 minutes
+    .venv/bin/python bench/subscribe_bench.py                  # about 11 minutes
     .venv/bin/python bench/subscribe_bench.py --gap 0.5        # appends faster than steps
 
 A controller (`tandem serve`, embedded defaults) with `xsmall` replicas (local[1],
 512m); a source `sales(id BIGINT NOT NULL, region STRING, amount DOUBLE)` loaded with
-10,000 rows over 100 regions; two dataflows of `select region, sum(amount) as total,
-count(*) as n from sales group by region`: `totals`, materialized (its feed reads the
-view from storage) and indexed on region, and `totals_index`, indexed only (its feed
-comes from the replicas, each time forwarded once by the controller). A subscriber
-follows each with `Client.subscribe` on a thread, side by side. Then `--appends` appends, one every `--gap` seconds (default 2), each 10 inserts
+10,000 rows over 100 regions; a dataflow of `select region, sum(amount) as total,
+count(*) as n from sales group by region`, either materialized and indexed on region
+(the "view" feed reads the view from storage) or indexed only (the "index" feed comes
+from the replicas, each time forwarded once by the controller), one per run: two on
+these `xsmall` replicas would saturate the machine's two cores. A subscriber follows it
+with `Client.subscribe` on a thread. Then `--appends` appends, one every `--gap` seconds (default 2), each 10 inserts
 and the retraction of 5 rows the append before inserted; the latency of an append is from its call returning (its timestamp
 known) to the first batch whose updates carry that timestamp arriving at the client.
 Three runs side by side: 1 replica; 2 replicas; 2 replicas with one killed (SIGKILL)
@@ -36,7 +37,7 @@ TOTALS = "select region, sum(amount) as total, count(*) as n from sales group by
 ROWS = 10_000
 
 
-FEEDS = {"totals": "view", "totals_index": "index"}  # dataflow -> how its feed is read
+FEEDS = ("view", "index")  # how the feed of `totals` is read: its materialized view, or its index
 
 
 class Subscriber:
@@ -61,9 +62,8 @@ class Subscriber:
         self._client.close()
 
 
-def run(data_dir: Path, replicas: int, appends: int, gap_s: float, kill: bool) -> dict[str, tuple[list[float], list[float]]]:
-    """Per feed (view, index): (latencies in steady state, latencies while a killed
-    replica was away)."""
+def run(data_dir: Path, feed: str, replicas: int, appends: int, gap_s: float, kill: bool) -> tuple[list[float], list[float]]:
+    """(latencies in steady state, latencies while a killed replica was away)."""
     controller = ControllerProcess(data_dir)
     try:
         with Client.connect(controller.address) as client:
@@ -72,13 +72,11 @@ def run(data_dir: Path, replicas: int, appends: int, gap_s: float, kill: bool) -
                 client.add_replica("main", f"r{n + 1}", size="xsmall")
             client.create_source("sales", SALES)
             client.append("sales", sales_rows(0, ROWS, seed=1))
-            client.create_dataflow("main", "totals", TOTALS, index_key=["region"], materialize=True)
-            client.create_dataflow("main", "totals_index", TOTALS, index_key=["region"])
-            for name in FEEDS:
-                client.peek("main", name, key="r1", consistency="strict", timeout_ms=180_000)
+            client.create_dataflow("main", "totals", TOTALS, index_key=["region"], materialize=feed == "view")
+            client.peek("main", "totals", key="r1", consistency="strict", timeout_ms=180_000)
             wait_until(lambda: all(r.in_sync for r in client.status("main")[0].replicas), 180, "replicas in sync")
-            subscribers = {FEEDS[name]: Subscriber(controller.address, name) for name in FEEDS}
-            wait_until(lambda: all(s.arrived for s in subscribers.values()), 60, "the snapshots")
+            subscriber = Subscriber(controller.address, "totals")
+            wait_until(lambda: subscriber.arrived, 60, "the snapshot")
             appended: list[tuple[int, float]] = []
             killed_at = back_at = None
             victim = None
@@ -98,20 +96,16 @@ def run(data_dir: Path, replicas: int, appends: int, gap_s: float, kill: bool) -
                     if now.in_sync and now.epoch > victim.epoch:
                         back_at = time.monotonic()
                 time.sleep(gap_s)
-            arrived = lambda: all(t in s.arrived for s in subscribers.values() for t, _ in appended)
-            wait_until(arrived, 120, "every append in the feeds")
-            latencies = {}
-            for feed, subscriber in subscribers.items():
-                subscriber.close()
-                steady, during = [], []
-                for t, at in appended:
-                    latency = subscriber.arrived[t] - at
-                    away = killed_at is not None and at >= killed_at and (back_at is None or at <= back_at)
-                    (during if away else steady).append(latency)
-                latencies[feed] = steady, during
+            wait_until(lambda: all(t in subscriber.arrived for t, _ in appended), 120, "every append in the feed")
+            subscriber.close()
+            steady, during = [], []
+            for t, at in appended:
+                latency = subscriber.arrived[t] - at
+                away = killed_at is not None and at >= killed_at and (back_at is None or at <= back_at)
+                (during if away else steady).append(latency)
             if kill:
                 log(f"killed {victim.name}; back in sync after {'-' if back_at is None else f'{back_at - killed_at:.1f} s'}")
-            return latencies
+            return steady, during
     finally:
         controller.stop()
         kill_replicas(data_dir)
@@ -124,10 +118,11 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="tandem-subscribe-bench-") as root:
-        for label, replicas, kill in (("1 replica", 1, False), ("2 replicas", 2, False), ("2 replicas, one killed", 2, True)):
-            log(f"{label}: {args.appends} appends")
-            latencies = run(Path(root) / label.replace(" ", "_").replace(",", ""), replicas, args.appends, args.gap, kill)
-            rows += [(label, feed, *latencies[feed]) for feed in FEEDS.values()]
+        for feed in FEEDS:
+            for label, replicas, kill in (("1 replica", 1, False), ("2 replicas", 2, False), ("2 replicas, one killed", 2, True)):
+                log(f"{feed} feed, {label}: {args.appends} appends")
+                data_dir = Path(root) / f"{feed}_{label.replace(' ', '_').replace(',', '')}"
+                rows.append((label, feed, *run(data_dir, feed, replicas, args.appends, args.gap, kill)))
     print(f"\nappend -> update at the subscriber, p50 / p99 ({args.appends} appends, one per {args.gap} s, 15 rows each)")
     print(f"{'run':<24} {'feed':<6} {'steady':>16} {'during the kill':>18}")
     for label, feed, steady, during in rows:
