@@ -48,8 +48,8 @@ W, every replica's reported frontier and every since never regress (sinces acros
 controller restarts too); every since equals the meet of its holds; an input's since (or
 storage hold) never passes the write frontier an active replica reported for a dataflow
 reading it; the history stays within twice the live bound at the last reduction, and its
-reduction within `3 + pending peeks + sum over dataflows of (1 + exports)`; health is one
-of healthy/degraded/unavailable; a replica called hydrated has computed every live
+reduction within `3 + pending peeks + open subscriptions + sum over dataflows of (1 +
+exports)`; health is one of healthy/degraded/unavailable; a replica called hydrated has computed every live
 dataflow; no replica ever computes from an over-compacted input or refuses a peek; every
 answer equals the reference answer and no peek is answered twice; an error answers a peek
 only if every active replica answered it with an error in its current incarnation, and
@@ -57,10 +57,10 @@ it names each replica that did; a feed delivers each time once, in order, and
 consolidated through each progress it is the reference (less the contents at `as_of`
 without a snapshot), across controller restarts too; no replica is connected more than
 three times in any second (failed incarnations back off). At the end (`check_final`):
-every open feed caught up with its index; every peek answered exactly once (none, for peeks pending when the
-controller restarted: their client saw the connection fail), the instance healthy, every
-replica connected at its epoch and running exactly the live dataflows, and every storage
-hold of a forgotten dataflow released.
+every open feed caught up with its index; every peek answered exactly once (none, for
+peeks pending when the controller restarted: their client saw the connection fail), the
+instance healthy, every replica connected at its epoch and running exactly the live
+dataflows, and every storage hold of a forgotten dataflow released.
 
 Nothing here reads a clock or global randomness: a seed replays exactly.
 """
