@@ -487,7 +487,7 @@ class Controller:
             except NotFound:
                 dataflow = None
             if dataflow is not None and dataflow.sink_id is None:
-                return await self._subscribe_index(driver, name, FeedRequest("", name, as_of, up_to, snapshot, progress))
+                return await self._subscribe_index(driver, name, as_of, up_to, snapshot, progress)
             if dataflow is not None:
                 collection = await _blocking(self.catalog.get_collection, dataflow.sink_id)
         if collection is None:
@@ -506,20 +506,22 @@ class Controller:
         await _blocking(feed.hold)
         return feed.start()
 
-    async def _subscribe_index(self, driver: InstanceDriver, name: str, request: FeedRequest) -> IndexFeed:
-        """The feed of dataflow `name`'s index, as of `request.as_of` (None: the latest
+    async def _subscribe_index(
+        self, driver: InstanceDriver, name: str, as_of: int | None, up_to: int | None, snapshot: bool, progress: bool
+    ) -> IndexFeed:
+        """The feed of dataflow `name`'s index, as of `as_of` (None: the latest
         time it can serve), opened on its instance."""
 
         def index_of(instance: ComputeInstance) -> tuple[list, tuple[str, int, str]]:
             desc = instance.dataflow_named(name).desc
             id = desc.index_exports[0].id
-            return [], (id, instance.readable_time(id) if request.as_of is None else request.as_of, desc.schema)
+            return [], (id, instance.readable_time(id) if as_of is None else as_of, desc.schema)
 
-        id, as_of, ddl = await driver.call(index_of)
-        if request.up_to is not None and request.up_to <= as_of:
-            raise ControllerError("INVALID_ARGUMENT", f"up_to ({request.up_to}) must be after as_of ({as_of})")
-        request = FeedRequest(id, name, as_of, request.up_to, request.snapshot, request.progress)
-        command = Subscribe(uuid.uuid4().hex, id, as_of, request.snapshot)
+        id, chosen, ddl = await driver.call(index_of)
+        if up_to is not None and up_to <= chosen:
+            raise ControllerError("INVALID_ARGUMENT", f"up_to ({up_to}) must be after as_of ({chosen})")
+        request = FeedRequest(id, name, chosen, up_to, snapshot, progress)
+        command = Subscribe(uuid.uuid4().hex, id, chosen, snapshot)
         empty = parse_schema(ddl).empty_table()
         empty = empty.append_column(TIME, pa.array([], pa.int64())).append_column(DIFF, pa.array([], pa.int64()))
         return driver.open_feed(lambda cancel: IndexFeed(request, command.uuid, empty, cancel), lambda instance: instance.subscribe(command))

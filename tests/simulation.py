@@ -1046,8 +1046,8 @@ class Simulation:
 
     def _subscribe_ended(self, effect: SubscribeEnded) -> None:
         feed = self.feeds.get(effect.uuid)
-        key = self.dataflows.get(self.reference.descs[feed.id].export_ids[0]) if feed else None
-        if feed is None or not feed.open or effect.code != "NOT_FOUND" or key is None or not key.dropped:
+        record = self.dataflows.get(self.reference.descs[feed.id].export_ids[0]) if feed else None
+        if feed is None or not feed.open or effect.code != "NOT_FOUND" or record is None or not record.dropped:
             self.fail(f"subscription {effect.uuid} ended ({effect.code}: {effect.message}), but its dataflow lives")
         feed.ended = effect.code
         self.stats["feeds ended by a drop"] += 1
