@@ -100,7 +100,7 @@ def env(tmp_path_factory):
 # --- Update sequences ----------------------------------------------------------------
 
 values_k = st.sampled_from(["a", "b", "c", None])
-values_x = st.sampled_from([0.1, 0.2, -2.5, 3.0, 1e10, 1e-9, None])
+values_x = st.sampled_from([0.1, 0.2, -2.5, 3.0, 1e10, 1e-9, 0.0, -0.0, None])
 values_q = st.sampled_from([Decimal("1.10"), Decimal("-2.05"), Decimal("0.00"), Decimal("99999999.99"), None])
 values_n = st.sampled_from([0, 1, 2, -3, None])
 t_rows = st.fixed_dictionaries({"id": st.integers(0, 6), "k": values_k, "x": values_x, "q": values_q, "n": values_n})

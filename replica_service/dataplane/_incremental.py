@@ -11,17 +11,21 @@ state:
   BIGINTs (in base-10^9 BIGINT digits beyond 18 digits), floats as seven 24-bit integer chunks held in
   doubles (exact below 2^53), with counts of NaNs and infinities, and the non-null
   count `__c`;
-- **value counts** for `MIN`, `MAX` and `COUNT(DISTINCT)`: (group, value, count) rows,
-  from which the touched groups' extremes and distinct counts are recomputed.
+- **extremes** for `MIN` and `MAX`: the group's current value. A change's inserts move
+  it (`least`/`greatest`); a retraction of a value at or beyond it may remove it, so
+  such a group is *dirty* and its extreme is recomputed from the input at t, for the
+  dirty groups only (one scan of the input, on the steps that need it);
+- **value counts** for `COUNT(DISTINCT)`: (group, value, count) rows, from which the
+  touched groups' distinct counts are recomputed.
 Accumulators are additive, so a step is one Spark query (its SQL generated here over
 temp views): the state's rows and the change's rows summed per group give every group's
 old and new accumulators at once; the touched groups' old and new values are the
 output's changes, and the new sums the next state. The state is checkpointed on the
 executors' local disks as that query computes it (`localCheckpoint`, lineage cut):
-it is never read from storage again, and a step never reads an input whole. A step's
-cost is the change plus one pass over the state (one row per group; one per group and
-value for MIN, MAX and COUNT(DISTINCT)), not the inputs: for a few thousand groups,
-that pass is a few milliseconds.
+it is never read from storage again, and a step reads an input whole only to repair
+dirty extremes. A step's cost is the change plus one pass over the state (one row per
+group; one per group and value for COUNT(DISTINCT)), not the inputs: for a few
+thousand groups, that pass is a few milliseconds.
 
 Path independence: every accumulator is an exact sum over the group's rows whatever
 their order, partitioning or the times they arrived at, and the output is a function of
@@ -51,7 +55,8 @@ from replica_service.dataplane._jvm import Jvm
 from replica_service.dataplane._plan import ACC_VIEW, DIFF, AggregateCall, AggregateShape, DeltaPlan
 
 _FLOAT_TYPES = ("FLOAT", "DOUBLE")
-_VALUE_FUNCTIONS = ("min", "max", "count_distinct")
+_EXTREME_FUNCTIONS = ("min", "max")
+_STATE_FUNCTIONS = (*_EXTREME_FUNCTIONS, "count_distinct")  # not additive accumulators
 
 
 class Binding:
@@ -101,9 +106,13 @@ class IncrementalDataflow:
         shape = plan.aggregate
         self._keys = [f"__k{i}" for i in range(shape.keys)] if shape else []
         self._stages, self._accumulators = _accumulators(shape) if shape else ([], {})
-        self._value_arguments = sorted({c.argument for c in shape.calls if c.function in _VALUE_FUNCTIONS}) if shape else []
-        # The state, once hydrated: accumulators per group (__k*, accumulators) and, per
-        # value argument, counts per group and value (__k*, __v, __c).
+        self._value_arguments = sorted({c.argument for c in shape.calls if c.function == "count_distinct"}) if shape else []
+        # Each extreme kept per group, by state column name: (function, argument).
+        self._extremes = {_extreme_name(c): (c.function, c.argument) for c in shape.calls if c.function in _EXTREME_FUNCTIONS} if shape else {}
+        self._argument_types = shape.arguments if shape else ()
+        # The state, once hydrated: accumulators and extremes per group (__k*, then the
+        # accumulators' and extremes' names) and, per COUNT(DISTINCT) argument, counts
+        # per group and value (__k*, __v, __c).
         self._acc: DataFrame | None = None
         self._values: dict[int, DataFrame | None] = {a: None for a in self._value_arguments}
 
@@ -116,7 +125,7 @@ class IncrementalDataflow:
         shape = self.plan.aggregate
         if shape is None:
             return Step(pre, self._mark_hydrated)
-        return self._aggregate_step(time, shape, pre)
+        return self._aggregate_step(time, shape, pre, bindings)
 
     def _pre(self, bindings: Mapping[int, Binding]) -> DataFrame:
         """The SPJ part's changes: the full plan while hydrating, else the derivative
@@ -146,15 +155,28 @@ class IncrementalDataflow:
             changes = changes.unionAll(term)
         return changes
 
-    def _aggregate_step(self, time: int, shape: AggregateShape, pre: DataFrame) -> Step:
+    def _aggregate_step(self, time: int, shape: AggregateShape, pre: DataFrame, bindings: Mapping[int, Binding]) -> Step:
         """One query: every group's accumulators before and after the change (the state
         and the change's rows, summed per group), of which the touched groups' old (-1)
         and new (+1) values go through the post-aggregate template. The summed table is
-        checkpointed as it is computed, and the next state is its new half."""
+        checkpointed as it is computed, and the next state is its new half. With
+        extremes, a first job computes it and counts the dirty groups, whose extremes
+        are then recomputed from the input (`_repair_sql`)."""
         self._bind("__pre", pre)
         if self._acc is not None:
             self._bind("__state", self._acc)
         summed = self._sql(self._summed_sql()).localCheckpoint(eager=False, storageLevel=StorageLevel.DISK_ONLY)
+        if self._extremes:
+            self._bind("__grouped", summed)
+            dirty = summed.where("__dirty").select(*self._keys)
+            repaired = not dirty.isEmpty()  # computes (and checkpoints) the grouped table
+            if repaired:
+                self._bind("__dirty", dirty)
+                for leaf in self.plan.leaves:
+                    self._bind(leaf.view, bindings[leaf.position].new)
+                self._bind("__full", self._frame(self.plan.full))
+                self._bind("__repaired", self._sql(self._repair_sql()).localCheckpoint(eager=False, storageLevel=StorageLevel.DISK_ONLY))
+            summed = self._sql(self._extremes_sql(repaired))
         self._bind("__summed", summed)
         summed_values = {}
         for a in self._value_arguments:
@@ -167,7 +189,7 @@ class IncrementalDataflow:
 
         def commit() -> None:
             keys = _prefix(", ".join(self._keys))
-            new = ", ".join(f"new_{n} AS {n}" for n in self._accumulators)
+            new = ", ".join(f"new_{n} AS {n}" for n in (*self._accumulators, *self._extremes))
             kept = " WHERE new___n != 0" if self._keys else ""
             self._acc = self._sql(f"SELECT {keys}{new} FROM __summed{kept}")
             for a in self._value_arguments:
@@ -179,7 +201,9 @@ class IncrementalDataflow:
     def _summed_sql(self) -> str:
         """Per group: each accumulator summed over state and change (`new_*`), over the
         state alone (`old_*`, NULL for a group the state lacks; none while hydrating), and
-        whether the change touched it."""
+        whether the change touched it. Per extreme: the state's value (`old_*`), the
+        extreme of the change's inserted values (`ins_*`) and whether a retraction may
+        have removed it (the group is then `__dirty`)."""
         keys = self._keys
         contributions = ", ".join(f"{expression} AS {name}" for name, expression in self._accumulators.items())
         stored = ", ".join(self._accumulators)
@@ -188,15 +212,63 @@ class IncrementalDataflow:
         for stage in self._stages:
             columns = ", ".join(f"{expression} AS {name}" for name, expression in stage.items())
             staged = f"(SELECT *, {columns} FROM {staged})"
-        both = f"SELECT {key_list}{contributions}, 1 AS __src FROM {staged}"
+        extremes_of_state, extremes_of_change, extreme_sums, dirty = [], [], [], []
+        for name, (function, a) in self._extremes.items():
+            typed_null = f"CAST(NULL AS {self._argument_types[a]})"
+            value = _extreme_value(f"__x{a}", self._argument_types[a])
+            extremes_of_state.append(f"{name}, {typed_null} AS __ins{name}, {typed_null} AS __ret{name}")
+            extremes_of_change.append(
+                f"{typed_null} AS {name}, IF({DIFF} > 0, {value}, NULL) AS __ins{name}, IF({DIFF} < 0, {value}, NULL) AS __ret{name}"
+            )
+            extreme_sums.append(f"max({name}) AS old_{name}, {function}(__ins{name}) AS ins_{name}, {function}(__ret{name}) AS ret_{name}")
+            beyond = "<=" if function == "min" else ">="
+            dirty.append(f"(ret_{name} IS NOT NULL AND (old_{name} IS NULL OR ret_{name} {beyond} old_{name}))")
+        both = f"SELECT {key_list}{contributions}{_prefix_comma(extremes_of_change)}, 1 AS __src FROM {staged}"
         if self._acc is not None:
-            both = f"SELECT {key_list}{stored}, 0 AS __src FROM __state UNION ALL {both}"
+            both = f"SELECT {key_list}{stored}{_prefix_comma(extremes_of_state)}, 0 AS __src FROM __state UNION ALL {both}"
         sums = ", ".join(
             f"sum({n}) AS new_{n}" + (f", sum(IF(__src = 0, {n}, NULL)) AS old_{n}" if self._acc is not None else "")
             for n in self._accumulators
         )
         grouping = f" GROUP BY {', '.join(keys)}" if keys else ""
-        return f"SELECT {key_list}{sums}, max(__src) AS __touched FROM ({both}){grouping}"
+        grouped = f"SELECT {key_list}{sums}{_prefix_comma(extreme_sums)}, max(__src) AS __touched FROM ({both}){grouping}"
+        if not self._extremes:
+            return grouped
+        return f"SELECT *, {' OR '.join(dirty)} AS __dirty FROM ({grouped})"
+
+    def _repair_sql(self) -> str:
+        """The extremes of the dirty groups, recomputed from the input at the step's time
+        (`__full`: the SPJ part over every input's updates through it, unconsolidated):
+        per argument, each value's count summed per group, and the extremes of the
+        values still there."""
+        keys = self._keys
+        key_list = _prefix(", ".join(keys))
+        grouping = f" GROUP BY {', '.join(keys)}" if keys else ""
+        source = "__dirty d"
+        columns = [f"d.{k}" for k in keys]
+        for a in sorted({a for _, a in self._extremes.values()}):
+            value = _extreme_value(f"__x{a}", self._argument_types[a])
+            extremes = ", ".join(f"{function}(__v) AS rep_{name}" for name, (function, b) in self._extremes.items() if b == a)
+            columns += [f"r{a}.rep_{name}" for name, (_, b) in self._extremes.items() if b == a]
+            counted = (
+                f"SELECT {key_list}{value} AS __v, sum({DIFF}) AS __c FROM __full f "
+                f"LEFT SEMI JOIN __dirty d ON {_matching('f', 'd', keys) or 'true'} "
+                f"WHERE __x{a} IS NOT NULL GROUP BY {key_list}{value}"
+            )
+            source += f" LEFT JOIN (SELECT {key_list}{extremes} FROM ({counted}) WHERE __c > 0{grouping}) r{a} ON {_matching('d', f'r{a}', keys) or 'true'}"
+        return f"SELECT {', '.join(columns)} FROM {source}"
+
+    def _extremes_sql(self, repaired: bool) -> str:
+        """The grouped table with each extreme's new value: recomputed for a dirty group,
+        else the state's moved by the change's inserts."""
+        news = []
+        for name, (function, _) in self._extremes.items():
+            moved = f"{'least' if function == 'min' else 'greatest'}(g.old_{name}, g.ins_{name})"
+            news.append(f"IF(g.__dirty, r.rep_{name}, {moved}) AS new_{name}" if repaired else f"{moved} AS new_{name}")
+        source = "__grouped g"
+        if repaired:
+            source += f" LEFT JOIN __repaired r ON {_matching('g', 'r', self._keys) or 'true'}"
+        return f"SELECT g.*, {', '.join(news)} FROM {source}"
 
     def _summed_values_sql(self, a: int) -> str:
         """Per group and value of argument `a`: its count after and before the change,
@@ -216,14 +288,10 @@ class IncrementalDataflow:
         keys = self._keys
         source = "__summed g"
         for a in self._value_arguments:
-            extremes = ", ".join(
-                f"{fn}(IF({side}_c > 0, __v, NULL)) AS {side}_{name}{a}"
-                for side in ("new", "old")
-                for fn, name in (("min", "min"), ("max", "max"), ("count", "cd"))
-            )
+            distinct_counts = ", ".join(f"count(IF({side}_c > 0, __v, NULL)) AS {side}_cd{a}" for side in ("new", "old"))
             grouping = f" GROUP BY {', '.join(keys)}" if keys else ""
             source += (
-                f" LEFT JOIN (SELECT {_prefix(', '.join(keys))}{extremes} FROM __vsummed{a}{grouping}) x{a}"
+                f" LEFT JOIN (SELECT {_prefix(', '.join(keys))}{distinct_counts} FROM __vsummed{a}{grouping}) x{a}"
                 f" ON {_matching('g', f'x{a}', keys) if keys else 'true'}"
             )
         selects = [self._rows_sql(source, "new", time, shape, sign=1)]
@@ -245,6 +313,7 @@ class IncrementalDataflow:
         else:
             values = {n: f"coalesce(g.{side}_{n}, 0)" for n in self._accumulators}
             where = ""
+        values.update({n: f"g.{side}_{n}" for n in self._extremes})
         finals = [
             f"CAST({_final(call, values, side)} AS {call.result_type}) AS __a{i}" for i, call in enumerate(shape.calls)
         ]
@@ -274,6 +343,21 @@ def _prefix(columns: str) -> str:
 def _matching(left: str, right: str, keys: list[str]) -> str:
     """Equal keys, a NULL matching a NULL (as GROUP BY groups them)."""
     return " AND ".join(f"{left}.{k} <=> {right}.{k}" for k in keys)
+
+
+def _prefix_comma(columns: list[str]) -> str:
+    """`, columns` or nothing."""
+    return "".join(f", {c}" for c in columns)
+
+
+def _extreme_name(call: AggregateCall) -> str:
+    return f"__{'mn' if call.function == 'min' else 'mx'}{call.argument}"
+
+
+def _extreme_value(x: str, spark_type: str) -> str:
+    """The value an extreme compares: a float's -0.0 as 0.0, since the two compare
+    equal and which one a MIN or MAX returns would depend on the order of the rows."""
+    return f"IF({x} = 0, abs({x}), {x})" if spark_type in _FLOAT_TYPES else x
 
 
 def _sql_text(text: str) -> str:
@@ -386,7 +470,7 @@ def _accumulators(shape: AggregateShape) -> tuple[list[dict[str, str]], dict[str
     stages: list[dict[str, str]] = []
     contributions: dict[str, str] = {"__n": DIFF}
     for call in shape.calls:
-        if call.argument is None or call.function in _VALUE_FUNCTIONS:
+        if call.argument is None or call.function in _STATE_FUNCTIONS:
             continue
         a = call.argument
         x = f"__x{a}"
@@ -429,13 +513,13 @@ def _merge_stages(stages: list[dict[str, str]], more: list[dict[str, str]]) -> N
 
 def _final(call: AggregateCall, values: Mapping[str, str], side: str) -> str:
     """The aggregate's value on `side` ("new" or "old") as SQL over the accumulators
-    (`values`: name -> SQL) and the value extremes, NULL over no values, as Spark's
-    aggregates."""
+    and extremes (`values`: name -> SQL) and the distinct counts, NULL over no values,
+    as Spark's aggregates."""
     a = call.argument
     if call.function == "count_rows":
         return values["__n"]
-    if call.function in ("min", "max"):
-        return f"x{a}.{side}_{call.function}{a}"
+    if call.function in _EXTREME_FUNCTIONS:
+        return values[_extreme_name(call)]
     if call.function == "count_distinct":
         return f"coalesce(x{a}.{side}_cd{a}, 0)"
     count = values[f"__c{a}"]
