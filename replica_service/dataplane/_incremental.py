@@ -109,7 +109,6 @@ class IncrementalDataflow:
         self._value_arguments = sorted({c.argument for c in shape.calls if c.function == "count_distinct"}) if shape else []
         # Each extreme kept per group, by state column name: (function, argument).
         self._extremes = {_extreme_name(c): (c.function, c.argument) for c in shape.calls if c.function in _EXTREME_FUNCTIONS} if shape else {}
-        self._argument_types = shape.arguments if shape else ()
         # The state, once hydrated: accumulators and extremes per group (__k*, then the
         # accumulators' and extremes' names) and, per COUNT(DISTINCT) argument, counts
         # per group and value (__k*, __v, __c).
@@ -214,8 +213,8 @@ class IncrementalDataflow:
             staged = f"(SELECT *, {columns} FROM {staged})"
         extremes_of_state, extremes_of_change, extreme_sums, dirty = [], [], [], []
         for name, (function, a) in self._extremes.items():
-            typed_null = f"CAST(NULL AS {self._argument_types[a]})"
-            value = _extreme_value(f"__x{a}", self._argument_types[a])
+            typed_null = f"CAST(NULL AS {self.plan.aggregate.arguments[a]})"
+            value = _extreme_value(f"__x{a}", self.plan.aggregate.arguments[a])
             extremes_of_state.append(f"{name}, {typed_null} AS __ins{name}, {typed_null} AS __ret{name}")
             extremes_of_change.append(
                 f"{typed_null} AS {name}, IF({DIFF} > 0, {value}, NULL) AS __ins{name}, IF({DIFF} < 0, {value}, NULL) AS __ret{name}"
@@ -247,15 +246,15 @@ class IncrementalDataflow:
         source = "__dirty d"
         columns = [f"d.{k}" for k in keys]
         for a in sorted({a for _, a in self._extremes.values()}):
-            value = _extreme_value(f"__x{a}", self._argument_types[a])
+            value = _extreme_value(f"__x{a}", self.plan.aggregate.arguments[a])
             extremes = ", ".join(f"{function}(__v) AS rep_{name}" for name, (function, b) in self._extremes.items() if b == a)
             columns += [f"r{a}.rep_{name}" for name, (_, b) in self._extremes.items() if b == a]
             counted = (
                 f"SELECT {key_list}{value} AS __v, sum({DIFF}) AS __c FROM __full f "
-                f"LEFT SEMI JOIN __dirty d ON {_matching('f', 'd', keys) or 'true'} "
+                f"LEFT SEMI JOIN __dirty d ON {_matching('f', 'd', keys)} "
                 f"WHERE __x{a} IS NOT NULL GROUP BY {key_list}{value}"
             )
-            source += f" LEFT JOIN (SELECT {key_list}{extremes} FROM ({counted}) WHERE __c > 0{grouping}) r{a} ON {_matching('d', f'r{a}', keys) or 'true'}"
+            source += f" LEFT JOIN (SELECT {key_list}{extremes} FROM ({counted}) WHERE __c > 0{grouping}) r{a} ON {_matching('d', f'r{a}', keys)}"
         return f"SELECT {', '.join(columns)} FROM {source}"
 
     def _extremes_sql(self, repaired: bool) -> str:
@@ -267,7 +266,7 @@ class IncrementalDataflow:
             news.append(f"IF(g.__dirty, r.rep_{name}, {moved}) AS new_{name}" if repaired else f"{moved} AS new_{name}")
         source = "__grouped g"
         if repaired:
-            source += f" LEFT JOIN __repaired r ON {_matching('g', 'r', self._keys) or 'true'}"
+            source += f" LEFT JOIN __repaired r ON {_matching('g', 'r', self._keys)}"
         return f"SELECT g.*, {', '.join(news)} FROM {source}"
 
     def _summed_values_sql(self, a: int) -> str:
@@ -292,7 +291,7 @@ class IncrementalDataflow:
             grouping = f" GROUP BY {', '.join(keys)}" if keys else ""
             source += (
                 f" LEFT JOIN (SELECT {_prefix(', '.join(keys))}{distinct_counts} FROM __vsummed{a}{grouping}) x{a}"
-                f" ON {_matching('g', f'x{a}', keys) if keys else 'true'}"
+                f" ON {_matching('g', f'x{a}', keys)}"
             )
         selects = [self._rows_sql(source, "new", time, shape, sign=1)]
         if self.hydrated:
@@ -341,8 +340,9 @@ def _prefix(columns: str) -> str:
 
 
 def _matching(left: str, right: str, keys: list[str]) -> str:
-    """Equal keys, a NULL matching a NULL (as GROUP BY groups them)."""
-    return " AND ".join(f"{left}.{k} <=> {right}.{k}" for k in keys)
+    """Equal keys, a NULL matching a NULL (as GROUP BY groups them); `true` without
+    keys (a global aggregate's one group)."""
+    return " AND ".join(f"{left}.{k} <=> {right}.{k}" for k in keys) or "true"
 
 
 def _prefix_comma(columns: list[str]) -> str:
