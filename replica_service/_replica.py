@@ -1,10 +1,11 @@
 """The replica: applies the controller's commands and computes every dataflow.
 
 All state lives in one `Replica` and is touched only on the event loop. Blocking work
-(Spark, the catalog) runs on worker threads: a pool of step workers, so steps of
-different dataflows run at once where Spark has room (each dataflow in a FAIR scheduler
-pool of its own, so a long hydration does not hold back the steps of dataflows already
-live); one for SQL peeks, so they are not queued behind a long step; a few for storage
+(Spark, the catalog) runs on worker threads: two pools of step workers, so steps of
+different dataflows run at once where Spark has room, each dataflow in a FAIR scheduler
+pool of its own; light steps (an incremental dataflow's, past hydration: they read
+the changes) have workers of their own, so a long hydration or recompute does not hold
+back the steps of dataflows already live, not even in a queue; one for SQL peeks, so they are not queued behind a long step; a few for storage
 I/O. Peeks on an index are answered on the loop from the arrangement, while dataflows
 compute. How a step computes (reading storage, incremental state, writing materialized
 views) is the data plane's (`replica_service.dataplane`).
@@ -91,7 +92,8 @@ from storage import NegativeCount, Storage
 log = logging.getLogger(__name__)
 
 STEP_WORKERS = 4
-"""Dataflow steps computed at once (Spark shares the cores between their jobs)."""
+"""Dataflow steps computed at once in each of the two step pools, light and heavy
+(Spark shares the cores between their jobs)."""
 
 TRANSIENT_RETRIES = 5
 """A dataflow whose step fails this many times in a row for a passing reason fails."""
@@ -199,6 +201,7 @@ class Replica:
         self.heartbeats = 0
         self.metrics = ReplicaMetrics(self)
         self._step_pool = ThreadPoolExecutor(STEP_WORKERS, thread_name_prefix="step")
+        self._light_step_pool = ThreadPoolExecutor(STEP_WORKERS, thread_name_prefix="light-step")
         self._peek_pool = ThreadPoolExecutor(1, thread_name_prefix="sql-peek")
         self._io_pool = ThreadPoolExecutor(4, thread_name_prefix="storage")
         self._session = session  # started before the gRPC server: see __main__
@@ -219,7 +222,7 @@ class Replica:
             task.cancel()
         session = await self._instance_session if self._instance_session is not None else self._session
         await asyncio.get_running_loop().run_in_executor(self._step_pool, session.stop)
-        for pool in (self._step_pool, self._peek_pool, self._io_pool):
+        for pool in (self._step_pool, self._light_step_pool, self._peek_pool, self._io_pool):
             pool.shutdown(wait=False, cancel_futures=True)
 
     # --- Connections ---------------------------------------------------------------------
@@ -592,7 +595,8 @@ class Replica:
         self.in_flight.add(dataflow.id)
         dataflow.computing = time
         try:
-            rows, changed = await loop.run_in_executor(self._step_pool, self._compute, dataflow, session, time, previous, sink_upper)
+            pool = self._light_step_pool if dataflow.maintainer is not None and dataflow.maintainer.light else self._step_pool
+            rows, changed = await loop.run_in_executor(pool, self._compute, dataflow, session, time, previous, sink_upper)
         finally:
             self.in_flight.discard(dataflow.id)
             dataflow.computing = None

@@ -260,3 +260,18 @@ def test_other_shapes_are_refused_with_the_reason(env, sql, reason):
     analyzed = session.sql(sql)._jdf.queryExecution().analyzed()
     with pytest.raises(NotIncremental, match=reason):
         delta_plan(session._jsparkSession, analyzed, {"t": "t", "u": "u"})
+
+
+def test_an_incremental_step_is_light_once_hydrated_and_a_recomputed_one_never(env):
+    """A light step reads the changes, not the inputs: the replica runs such steps on
+    workers of their own, never queued behind hydrations and recomputes."""
+    sources = Sources(env)
+    time = sources.apply(([{"id": 1, "k": "a", "x": 1.5, "q": None, "n": 2}], [], [], [], []))
+    reader = StorageReader(sources.storage, sources.t)
+    reader.refresh(env["session"])
+    flows = {s: Flow(env, "light", SHAPES["aggregates"], s, {"t": reader}) for s in ("incremental", "recompute")}
+    assert not any(flow.maintainer.light for flow in flows.values())
+    for flow in flows.values():
+        flow.step(time)
+    assert flows["incremental"].maintainer.light
+    assert not flows["recompute"].maintainer.light

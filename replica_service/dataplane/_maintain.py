@@ -78,6 +78,13 @@ class Maintainer:
 
     strategy: str
 
+    @property
+    def light(self) -> bool:
+        """True when the next step reads the inputs' changes, not the inputs: an
+        incremental dataflow past its hydration. Such steps run on workers of their own,
+        never queued behind hydrations and recomputes."""
+        return False
+
     def step(self, time: int) -> StepOutput:
         raise NotImplementedError
 
@@ -208,6 +215,10 @@ class Incremental(Maintainer):
         # Inputs read whole at every step (the other sides of a join) come from a
         # persisted base; a query of one input never reads it whole after hydrating.
         self._cache = len(plan.leaves) > 1
+
+    @property
+    def light(self) -> bool:
+        return self.last_time is not None
 
     def changes(self, time: int, *, consolidated: bool = True) -> tuple[DataFrame, Callable[[], None]]:
         """The output's changes at `time` (lazy), and the commit that keeps the state
