@@ -72,6 +72,7 @@ DOWNSTREAM = "SELECT k, c * 2 AS c2, s FROM totals WHERE c > 1"  # over UPSTREAM
 NOT_INCREMENTAL = {
     "SELECT t.id, u.y FROM t LEFT JOIN u ON t.id = u.id": "left outer join",
     "SELECT id FROM t WHERE id IN (SELECT id FROM u)": "a subquery",
+    "SELECT k, count(*) AS c FROM t GROUP BY k HAVING count(*) > (SELECT count(*) FROM u)": "a subquery",
     "SELECT id, row_number() OVER (ORDER BY id) AS r FROM t": "a window function",
     "SELECT id FROM t ORDER BY id LIMIT 3": "LIMIT",
     "SELECT s FROM (SELECT k, sum(n) AS s FROM t GROUP BY k) JOIN u ON s = u.y": "an aggregate below",

@@ -228,7 +228,7 @@ class _Builder:
         else:
             grouping = items(top.groupingExpressions())
             results = items(top.aggregateExpressions())
-        for expression in [*grouping, *results]:
+        for expression in [*grouping, *results, *(e for above in chain for e in items(above.expressions()))]:
             _check_expression(expression)
         aggregates: list[Any] = []
         for result in results:
