@@ -487,6 +487,7 @@ def test_bad_input_tables(planner, tables, expected):
         "SELECT id FROM sales UNION ALL SELECT id FROM sales WHERE amount > 0",
         "SELECT count(*) AS n FROM sales",
         "SELECT region, sum(amount) AS total FROM sales GROUP BY region ORDER BY total DESC",
+        "SELECT region, sum(amount) AS total FROM sales GROUP BY region ORDER BY total DESC LIMIT 3",
     ],
 )
 def test_maintainable_shapes_are_incremental(planner, sql):
@@ -499,7 +500,7 @@ def test_maintainable_shapes_are_incremental(planner, sql):
         ("SELECT s.id, r.name FROM sales s LEFT JOIN regions r ON s.region = r.region", "left outer join"),
         ("SELECT id FROM sales WHERE region IN (SELECT region FROM regions)", "a subquery"),
         ("SELECT id, rank() OVER (ORDER BY amount) AS r FROM sales", "a window function"),
-        ("SELECT id FROM sales ORDER BY amount LIMIT 10", "LIMIT"),
+        ("SELECT id FROM sales ORDER BY amount LIMIT 10", "LIMIT over rows that are not an aggregate's"),
         ("SELECT region, stddev(amount) AS sd FROM sales GROUP BY region", "the aggregate stddev"),
         ("WITH big AS (SELECT * FROM sales WHERE amount > 1) SELECT id FROM big", "a WITH clause"),
     ],

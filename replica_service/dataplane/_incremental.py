@@ -16,7 +16,10 @@ state:
   such a group is *dirty* and its extreme is recomputed from the input at t, for the
   dirty groups only (one scan of the input, on the steps that need it);
 - **value counts** for `COUNT(DISTINCT)`: (group, value, count) rows, from which the
-  touched groups' distinct counts are recomputed.
+  touched groups' distinct counts are recomputed;
+- for a ranked aggregate (`ORDER BY ... LIMIT n`), the **top rows** of the last step.
+  A step ranks every group's new row (one pass over the state, a sort that keeps n rows
+  per partition) and its changes are the new top rows less the old ones.
 Accumulators are additive, so a step is one Spark query (its SQL generated here over
 temp views): the state's rows and the change's rows summed per group give every group's
 old and new accumulators at once; the touched groups' old and new values are the
@@ -50,6 +53,7 @@ from typing import Callable, Mapping
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from replica_service.dataplane._jvm import Jvm
 from replica_service.dataplane._plan import ACC_VIEW, DIFF, AggregateCall, AggregateShape, DeltaPlan
@@ -114,6 +118,7 @@ class IncrementalDataflow:
         # per group and value (__k*, __v, __c).
         self._acc: DataFrame | None = None
         self._values: dict[int, DataFrame | None] = {a: None for a in self._value_arguments}
+        self._top: DataFrame | None = None  # a ranked aggregate's output (its top rows)
 
     # --- Steps ---------------------------------------------------------------------------
 
@@ -183,8 +188,12 @@ class IncrementalDataflow:
                 self._bind(f"__vstate{a}", self._values[a])
             summed_values[a] = self._sql(self._summed_values_sql(a)).localCheckpoint(eager=False, storageLevel=StorageLevel.DISK_ONLY)
             self._bind(f"__vsummed{a}", summed_values[a])
-        self._bind(ACC_VIEW, self._sql(self._versions_sql(time, shape)))
-        changes = self._frame(shape.post)
+        self._bind(ACC_VIEW, self._sql(self._versions_sql(time, shape, every_group=self.plan.ranked is not None)))
+        if self.plan.ranked is None:
+            changes = self._frame(shape.post)
+        else:
+            top = self._frame(self.plan.ranked).localCheckpoint(eager=False, storageLevel=StorageLevel.DISK_ONLY)
+            changes = self._ranked_changes(top)
 
         def commit() -> None:
             keys = _prefix(", ".join(self._keys))
@@ -193,9 +202,18 @@ class IncrementalDataflow:
             self._acc = self._sql(f"SELECT {keys}{new} FROM __summed{kept}")
             for a in self._value_arguments:
                 self._values[a] = self._sql(f"SELECT {keys}__v, new_c AS __c FROM __vsummed{a} WHERE new_c != 0")
+            if self.plan.ranked is not None:
+                self._top = top
             self.hydrated = True
 
         return Step(changes, commit)
+
+    def _ranked_changes(self, top: DataFrame) -> DataFrame:
+        """The new top rows (+1) and, once hydrated, the old ones (-1)."""
+        changes = top.withColumn(DIFF, F.lit(1).cast("bigint"))
+        if self._top is not None:
+            changes = changes.unionAll(self._top.withColumn(DIFF, F.lit(-1).cast("bigint")))
+        return changes
 
     def _summed_sql(self) -> str:
         """Per group: each accumulator summed over state and change (`new_*`), over the
@@ -281,9 +299,11 @@ class IncrementalDataflow:
             f"FROM ({both}) GROUP BY {key_list}__v"
         )
 
-    def _versions_sql(self, time: int, shape: AggregateShape) -> str:
+    def _versions_sql(self, time: int, shape: AggregateShape, *, every_group: bool) -> str:
         """The old (-1) and new (+1) rows of every touched group, with each aggregate's
-        value as `__a<i>`: the view the post-aggregate template reads."""
+        value as `__a<i>`: the view the post-aggregate template reads. With
+        `every_group`, the new row of every group instead: the view a ranked query
+        reads."""
         keys = self._keys
         source = "__summed g"
         for a in self._value_arguments:
@@ -293,22 +313,22 @@ class IncrementalDataflow:
                 f" LEFT JOIN (SELECT {_prefix(', '.join(keys))}{distinct_counts} FROM __vsummed{a}{grouping}) x{a}"
                 f" ON {_matching('g', f'x{a}', keys)}"
             )
-        selects = [self._rows_sql(source, "new", time, shape, sign=1)]
-        if self.hydrated:
-            selects.append(self._rows_sql(source, "old", time, shape, sign=-1))
+        selects = [self._rows_sql(source, "new", time, shape, sign=1, touched_only=not every_group)]
+        if self.hydrated and not every_group:
+            selects.append(self._rows_sql(source, "old", time, shape, sign=-1, touched_only=True))
         return " UNION ALL ".join(selects)
 
-    def _rows_sql(self, source: str, side: str, time: int, shape: AggregateShape, *, sign: int) -> str:
-        """The `side` ("new" or "old") row of every touched group that exists on that
-        side: a positive multiplicity, or always for a global aggregate (whose sums over
-        nothing are then 0)."""
+    def _rows_sql(self, source: str, side: str, time: int, shape: AggregateShape, *, sign: int, touched_only: bool) -> str:
+        """The `side` ("new" or "old") row of every group (of every touched one, with
+        `touched_only`) that exists on that side: a positive multiplicity, or always for
+        a global aggregate (whose sums over nothing are then 0)."""
         keys = self._keys
         if keys:
             values = {n: f"g.{side}_{n}" for n in self._accumulators}
             multiplicity = values["__n"]
             message = f"'negative count in dataflow {_sql_text(self.what)} at {time}: a group has multiplicity ' || {multiplicity}"
             exists = f"CASE WHEN {multiplicity} < 0 THEN raise_error({message}) ELSE {multiplicity} > 0 END"
-            where = f" WHERE g.__touched = 1 AND {exists}"
+            where = f" WHERE g.__touched = 1 AND {exists}" if touched_only else f" WHERE {exists}"
         else:
             values = {n: f"coalesce(g.{side}_{n}, 0)" for n in self._accumulators}
             where = ""

@@ -53,6 +53,13 @@ class Jvm:
         options = self.jvm.org.apache.spark.sql.util.CaseInsensitiveStringMap.empty()
         return self.analysis.UnresolvedRelation(self.seq([view]), options, False)
 
+    def ascending(self, child: Any) -> Any:
+        """`child ASC NULLS FIRST`, Spark's default order."""
+        expressions = self.expressions
+        direction = getattr(getattr(expressions, "Ascending$"), "MODULE$")
+        nulls = getattr(getattr(expressions, "NullsFirst$"), "MODULE$")
+        return expressions.SortOrder(child, direction, nulls, self.seq(()))
+
     def project(self, items: Iterable[Any], child: Any) -> Any:
         return self.logical.Project(self.seq(items), child)
 

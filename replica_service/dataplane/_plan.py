@@ -7,9 +7,13 @@ limit are ignored: a collection has no order):
   its inputs;
 - **aggregate**: projections and filters (`HAVING`, expressions over aggregates) over one
   `GROUP BY` (or a global aggregate, or `DISTINCT`) over an SPJ tree, with `COUNT`,
-  `SUM`, `AVG` (of integers, decimals or floats), `MIN`, `MAX` and `COUNT(DISTINCT x)`.
-Anything else (outer joins, subqueries, windows, limits, aggregates below joins, ...)
-raises `NotIncremental` naming the part that cannot be maintained.
+  `SUM`, `AVG` (of integers, decimals or floats), `MIN`, `MAX` and `COUNT(DISTINCT x)`;
+- **ranked aggregate**: an aggregate query under `ORDER BY ... LIMIT n` ("the top n
+  groups"). Ties are broken by every column the sort sees, ascending, so which rows make
+  the cut is a function of the rows alone (Spark's own pick among ties depends on the
+  order rows arrive in).
+Anything else (outer joins, subqueries, windows, limits over non-aggregates, aggregates
+below joins, ...) raises `NotIncremental` naming the part that cannot be maintained.
 
 How the plan is kept: the SPJ tree is rewritten once, as Catalyst trees built through
 py4j, so that every row carries its multiplicity (`_diff`): each input occurrence (a
@@ -91,11 +95,15 @@ class AggregateShape:
 
 @dataclass(frozen=True, slots=True)
 class DeltaPlan:
+    """`ranked`, for a ranked aggregate: the whole query (sort and limit included) over
+    `__acc` holding every group's current row (`__k*`, `__a*`); None otherwise."""
+
     leaves: tuple[Leaf, ...]
     full: Any
     terms: tuple[Any, ...]
     aggregate: AggregateShape | None
     output_columns: tuple[str, ...]
+    ranked: Any | None = None
 
 
 # Plan nodes the SPJ part may contain, and how each carries the diff.
@@ -123,17 +131,21 @@ class _Builder:
     def build(self, analyzed: Any) -> DeltaPlan:
         output = [a.name() for a in items(analyzed.output())]
         chain, top = _strip_chain(analyzed)
+        limited = kind(top) == "GlobalLimit"
+        if limited:  # only a ranked aggregate: what is below the limit
+            chain, top = [], _ranked_aggregate(top)
         if kind(top) in ("Aggregate", "Distinct"):
             spj = top.child()
             self._check_spj(spj)
-            shape, pre = self._aggregate(top, chain)
+            shape, pre, groups = self._aggregate(top, chain)
+            ranked = self._ranked(analyzed, groups) if limited else None
         else:
             self._check_spj(analyzed)
-            spj, shape, pre = analyzed, None, None
+            spj, shape, pre, ranked = analyzed, None, None, None
         leaves = self._collect_leaves(spj)
         full = self._wrap(spj, None, pre)
         terms = tuple(self._wrap(spj, leaf.position, pre) for leaf in leaves)
-        return DeltaPlan(tuple(leaves), full, terms, shape, tuple(output))
+        return DeltaPlan(tuple(leaves), full, terms, shape, tuple(output), ranked)
 
     # --- Shape checks --------------------------------------------------------------------
 
@@ -242,6 +254,7 @@ class _Builder:
             return jvm.project([*columns, jvm.alias(jvm.column(diff), DIFF)], child)
 
         substituted = [self._substitute(result, grouping, aggregates, top=True) for result in results]
+        groups = jvm.project(substituted, jvm.relation(ACC_VIEW))
         node = jvm.project([*substituted, jvm.column(DIFF)], jvm.relation(ACC_VIEW))
         for above in reversed(chain):  # Projects and Filters over the aggregate, innermost first
             if kind(above) == "Project":
@@ -257,7 +270,23 @@ class _Builder:
             grouped=bool(grouping) or kind(top) == "Distinct",
             post=jvm.project(outputs, node),
         )
-        return shape, pre
+        return shape, pre, groups
+
+    def _ranked(self, node: Any, groups: Any) -> Any:
+        """The ranked query `node` with its aggregate replaced by `groups` (the aggregate's
+        output read off `__acc`) and every sort's ties broken by all the columns it sees."""
+        name = kind(node)
+        if name in ("Aggregate", "Distinct"):
+            return groups
+        child = self._ranked(node.child(), groups)
+        if name != "Sort":
+            return node.withNewChildren(self.jvm.seq([child]))
+        ties = []
+        for attribute in items(node.child().output()):
+            if not self.jvm.expressions.RowOrdering.isOrderable(attribute.dataType()):
+                raise NotIncremental(f"ORDER BY ... LIMIT over column {attribute.name()} of type {attribute.dataType().sql()}, which cannot break ties")
+            ties.append(self.jvm.ascending(attribute))
+        return self.jvm.logical.Sort(self.jvm.seq([*items(node.order()), *ties]), getattr(node, "global")(), child, node.hint())
 
     def _substitute(self, expression: Any, grouping: list[Any], aggregates: list[Any], *, top: bool = False) -> Any:
         """`expression` over the accumulator view: grouping expressions become `__k<i>`,
@@ -290,6 +319,26 @@ def _strip_chain(plan: Any) -> tuple[list[Any], Any]:
             chain.append(node)
         node = node.child()
     return chain, node
+
+
+def _ranked_aggregate(limit: Any) -> Any:
+    """The aggregate under `limit` (a GlobalLimit) when the query ranks an aggregate's
+    rows (a LIMIT over an ORDER BY over projections and filters of it), else
+    NotIncremental."""
+    node, sorted_ = limit.child(), False
+    if kind(node) != "LocalLimit":
+        raise NotIncremental("LIMIT")
+    node = node.child()
+    while kind(node) in ("Project", "Filter", "SubqueryAlias", "Sort"):
+        sorted_ = sorted_ or kind(node) == "Sort"
+        for expression in items(node.expressions()):
+            _check_expression(expression)
+        node = node.child()
+    if kind(node) not in ("Aggregate", "Distinct"):
+        raise NotIncremental("LIMIT over rows that are not an aggregate's")
+    if not sorted_:
+        raise NotIncremental("LIMIT without ORDER BY")
+    return node
 
 
 def _describe_unsupported(node: Any) -> str:
