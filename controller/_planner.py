@@ -552,7 +552,7 @@ class Planner:
 
     def _check_delta_plan(self, session: Any, plan: DeltaPlan, views: Mapping[str, str], analyzed: Any) -> None:
         """Analyze every template of `plan` over empty views; each must give the query's
-        output columns and types (plus `_diff`)."""
+        output columns and types (plus `_diff`; a ranked query's template, without)."""
         catalog = session.sessionState().catalog()
         for leaf in plan.leaves:
             ddl = f"{views[leaf.name]}, `{DIFF}` BIGINT"
@@ -569,10 +569,13 @@ class Planner:
             catalog.createTempView(ACC_VIEW, self._view(ACC_VIEW, ddl), True)
             for template in (plan.full, *plan.terms):
                 jvm.dataframe_jdf(template)
-            outputs = [shape.post]
+            outputs = [shape.post] if plan.ranked is None else []
         for template in outputs:
             produced = _columns(jvm.dataframe_jdf(template).schema())
             assert produced == [*expected, (DIFF, "BIGINT")], f"{produced} is not {expected} + {DIFF}"
+        if plan.ranked is not None:
+            produced = _columns(jvm.dataframe_jdf(plan.ranked).schema())
+            assert produced == expected, f"{produced} is not {expected}"
 
     # --- Determinism ---------------------------------------------------------------------
 

@@ -3,10 +3,10 @@
 All state lives in one `Replica` and is touched only on the event loop. Blocking work
 (Spark, the catalog) runs on worker threads: two pools of step workers, so steps of
 different dataflows run at once where Spark has room, each dataflow in a FAIR scheduler
-pool of its own; light steps (an incremental dataflow's, past hydration: they read
-the changes) have workers of their own, so a long hydration or recompute does not hold
-back the steps of dataflows already live, not even in a queue; one for SQL peeks, so they are not queued behind a long step; a few for storage
-I/O. Peeks on an index are answered on the loop from the arrangement, while dataflows
+pool of its own; light steps (an incremental dataflow's, past hydration: they read the
+changes) have workers of their own, so a long hydration or recompute does not hold back
+the steps of dataflows already live, not even in a queue; one worker for SQL peeks, so
+they are not queued behind a long step; a few for storage I/O. Peeks on an index are answered on the loop from the arrangement, while dataflows
 compute. How a step computes (reading storage, incremental state, writing materialized
 views) is the data plane's (`replica_service.dataplane`).
 

@@ -64,7 +64,7 @@ SHAPES = {
     "join": "SELECT t.id, t.k, u.y FROM t JOIN u ON t.id = u.id",
     "join_aggregate": "SELECT u.z, count(*) AS c, sum(t.q) AS s, avg(t.x) AS a, max(t.n) AS m FROM t JOIN u ON t.id = u.id GROUP BY u.z",
     "three_way": "SELECT a.k, count(*) AS c, sum(b.q) AS s FROM t a JOIN u ON a.id = u.id JOIN t b ON b.id = u.y GROUP BY a.k",
-    "top": "SELECT k, sum(n) AS s, count(*) AS c FROM t GROUP BY k HAVING count(*) > 0 ORDER BY s DESC NULLS LAST, k LIMIT 2",
+    "top": "SELECT k, count(*) AS c FROM t GROUP BY k HAVING count(*) > 0 ORDER BY sum(n) DESC NULLS LAST, k LIMIT 2",
     "top_ties": "SELECT u.z, count(*) AS c, max(t.x) AS m FROM t JOIN u ON t.id = u.id GROUP BY u.z ORDER BY c DESC LIMIT 1",
 }
 

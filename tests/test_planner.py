@@ -488,6 +488,7 @@ def test_bad_input_tables(planner, tables, expected):
         "SELECT count(*) AS n FROM sales",
         "SELECT region, sum(amount) AS total FROM sales GROUP BY region ORDER BY total DESC",
         "SELECT region, sum(amount) AS total FROM sales GROUP BY region ORDER BY total DESC LIMIT 3",
+        "SELECT r.name FROM sales s JOIN regions r ON s.region = r.region GROUP BY r.name ORDER BY sum(s.amount) DESC LIMIT 3",
     ],
 )
 def test_maintainable_shapes_are_incremental(planner, sql):
