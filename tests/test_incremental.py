@@ -82,6 +82,8 @@ NOT_INCREMENTAL = {
     "SELECT id, row_number() OVER (ORDER BY id) AS r FROM t": "a window function",
     "SELECT id FROM t ORDER BY id LIMIT 3": "LIMIT over rows that are not an aggregate's",
     "SELECT k, count(*) AS c FROM t GROUP BY k LIMIT 2": "LIMIT without ORDER BY",
+    "SELECT k, count(*) AS c FROM t GROUP BY k SORT BY c LIMIT 2": "LIMIT without ORDER BY",
+    "SELECT k, count(*) AS c FROM t GROUP BY k ORDER BY c, k LIMIT 2 OFFSET 1": "OFFSET",
     "SELECT s FROM (SELECT k, sum(n) AS s FROM t GROUP BY k) JOIN u ON s = u.y": "an aggregate below",
     "SELECT k, stddev(x) AS sd FROM t GROUP BY k": "the aggregate stddev",
 }

@@ -330,10 +330,13 @@ def _ranked_aggregate(limit: Any) -> Any:
         raise NotIncremental("LIMIT")
     node = node.child()
     while kind(node) in ("Project", "Filter", "SubqueryAlias", "Sort"):
-        sorted_ = sorted_ or kind(node) == "Sort"
+        # A SORT BY orders each partition alone: the rows it keeps depend on partitioning.
+        sorted_ = sorted_ or (kind(node) == "Sort" and getattr(node, "global")())
         for expression in items(node.expressions()):
             _check_expression(expression)
         node = node.child()
+    if kind(node) == "Offset":
+        raise NotIncremental("OFFSET")
     if kind(node) not in ("Aggregate", "Distinct"):
         raise NotIncremental("LIMIT over rows that are not an aggregate's")
     if not sorted_:
