@@ -110,6 +110,11 @@ class Dataflow:
         return self.frontier > self.desc.as_of
 
     @property
+    def light(self) -> bool:
+        """Its next step reads the inputs' changes, not the inputs (`Maintainer.light`)."""
+        return self.maintainer is not None and self.maintainer.light
+
+    @property
     def since(self) -> Frontier:
         """The meet of the index exports' compaction frontiers (empty without indexes)."""
         since = Frontier.empty()

@@ -595,7 +595,7 @@ class Replica:
         self.in_flight.add(dataflow.id)
         dataflow.computing = time
         try:
-            pool = self._light_step_pool if dataflow.maintainer is not None and dataflow.maintainer.light else self._step_pool
+            pool = self._light_step_pool if dataflow.light else self._step_pool
             rows, changed = await loop.run_in_executor(pool, self._compute, dataflow, session, time, previous, sink_upper)
         finally:
             self.in_flight.discard(dataflow.id)
@@ -617,7 +617,7 @@ class Replica:
     def _compute(self, dataflow: Dataflow, session: SparkSession, time: int, previous: pa.Table | None, sink_upper: int) -> tuple[pa.Table | None, int]:
         """One step (blocking, on a step worker): the whole version for the indexes (None
         without any) and the rows it changed; the sinks written."""
-        session.sparkContext.setLocalProperty("spark.scheduler.pool", dataflow.id)
+        session.sparkContext.setLocalProperty("spark.scheduler.pool", _spark.LIGHT_POOL if dataflow.light else dataflow.id)
         # Its jobs' tasks are the hydration progress the status reports.
         session.sparkContext.setJobGroup(_spark.step_job_group(dataflow.id, time), f"dataflow {dataflow.desc.name} at {time}")
         if dataflow.maintainer is None:

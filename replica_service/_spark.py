@@ -91,8 +91,10 @@ def session_conf(settings: SparkSettings, work_dir: Path) -> dict[str, str]:
         "spark.sql.warehouse.dir": str(work_dir / "warehouse"),
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         # Steps of different dataflows run at once, each in a pool of its own: a long
-        # hydration does not queue the steps of dataflows already live behind it.
+        # hydration does not queue the steps of dataflows already live behind it. Light
+        # steps share the pool LIGHT_POOL, whose tasks take a free core first.
         "spark.scheduler.mode": "FAIR",
+        "spark.scheduler.allocation.file": str(work_dir / "pools.xml"),
         # Materialized-view batches written by Spark are read by pyarrow too: timestamps
         # as INT64 microseconds (the default INT96 reads back as nanoseconds).
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
@@ -112,6 +114,21 @@ def _prepare_environment(work_dir: Path) -> None:
     # Scratch space of the replica's own (spark.local.dir is overridden by this anyway).
     os.environ["SPARK_LOCAL_DIRS"] = str(work_dir / "local")
     work_dir.mkdir(parents=True, exist_ok=True)
+    (work_dir / "pools.xml").write_text(_POOLS)
+
+
+LIGHT_POOL = "light"
+"""The FAIR scheduler pool of light steps (an incremental dataflow's, past hydration).
+Its minimum share is more than any machine has cores, so it always counts as short of
+its share: when a core frees, a task of a light step takes it before any hydration's or
+recompute's (Spark cannot preempt a running task; light steps wait for one to end, not
+for a whole stage)."""
+
+_POOLS = f"""<?xml version="1.0"?>
+<allocations>
+  <pool name="{LIGHT_POOL}"><schedulingMode>FAIR</schedulingMode><weight>1</weight><minShare>1000000</minShare></pool>
+</allocations>
+"""
 
 
 def launch_jvm(settings: SparkSettings, work_dir: Path) -> JavaGateway | None:

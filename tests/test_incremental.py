@@ -285,3 +285,11 @@ def test_an_incremental_step_is_light_once_hydrated_and_a_recomputed_one_never(e
         flow.step(time)
     assert flows["incremental"].maintainer.light
     assert not flows["recompute"].maintainer.light
+
+
+def test_light_steps_have_a_scheduler_pool_that_takes_a_free_core_first(env):
+    """Spark's FAIR scheduler serves first a pool with fewer running tasks than its
+    minimum share: the light pool's exceeds any machine's cores."""
+    pool = env["session"].sparkContext._jsc.sc().getPoolForName(_spark.LIGHT_POOL)
+    assert pool.isDefined()
+    assert pool.get().minShare() > 10_000 and pool.get().schedulingMode().toString() == "FAIR"
