@@ -84,6 +84,8 @@ NOT_INCREMENTAL = {
     "SELECT k, count(*) AS c FROM t GROUP BY k LIMIT 2": "LIMIT without ORDER BY",
     "SELECT k, count(*) AS c FROM t GROUP BY k SORT BY c LIMIT 2": "LIMIT without ORDER BY",
     "SELECT k, count(*) AS c FROM t GROUP BY k ORDER BY c, k LIMIT 2 OFFSET 1": "OFFSET",
+    "SELECT k FROM (SELECT k, count(*) AS c FROM t GROUP BY k ORDER BY c, k LIMIT 3) LIMIT 2": "LIMIT over a LIMIT",
+    "SELECT k, c + (SELECT count(*) FROM u) AS d FROM (SELECT k, count(*) AS c FROM t GROUP BY k ORDER BY c, k LIMIT 3)": "a subquery",
     "SELECT s FROM (SELECT k, sum(n) AS s FROM t GROUP BY k) JOIN u ON s = u.y": "an aggregate below",
     "SELECT k, stddev(x) AS sd FROM t GROUP BY k": "the aggregate stddev",
 }

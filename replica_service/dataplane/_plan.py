@@ -133,7 +133,7 @@ class _Builder:
         chain, top = _strip_chain(analyzed)
         limited = kind(top) == "GlobalLimit"
         if limited:  # only a ranked aggregate: what is below the limit
-            chain, top = [], _ranked_aggregate(top)
+            chain, top = [], _ranked_aggregate(analyzed)
         if kind(top) in ("Aggregate", "Distinct"):
             spj = top.child()
             self._check_spj(spj)
@@ -321,17 +321,14 @@ def _strip_chain(plan: Any) -> tuple[list[Any], Any]:
     return chain, node
 
 
-def _ranked_aggregate(limit: Any) -> Any:
-    """The aggregate under `limit` (a GlobalLimit) when the query ranks an aggregate's
-    rows (a LIMIT over an ORDER BY over projections and filters of it), else
-    NotIncremental."""
-    node, sorted_ = limit.child(), False
-    if kind(node) != "LocalLimit":
-        raise NotIncremental("LIMIT")
-    node = node.child()
-    while kind(node) in ("Project", "Filter", "SubqueryAlias", "Sort"):
+def _ranked_aggregate(plan: Any) -> Any:
+    """The aggregate of `plan` when the query ranks an aggregate's rows (projections,
+    filters, an ORDER BY and one LIMIT over it), else NotIncremental."""
+    node, limits, sorted_ = plan, 0, False
+    while kind(node) in ("Project", "Filter", "SubqueryAlias", "Sort", "GlobalLimit", "LocalLimit"):
+        limits += kind(node) == "GlobalLimit"
         # A SORT BY orders each partition alone: the rows it keeps depend on partitioning.
-        sorted_ = sorted_ or (kind(node) == "Sort" and getattr(node, "global")())
+        sorted_ = sorted_ or (limits > 0 and kind(node) == "Sort" and getattr(node, "global")())
         for expression in items(node.expressions()):
             _check_expression(expression)
         node = node.child()
@@ -339,6 +336,8 @@ def _ranked_aggregate(limit: Any) -> Any:
         raise NotIncremental("OFFSET")
     if kind(node) not in ("Aggregate", "Distinct"):
         raise NotIncremental("LIMIT over rows that are not an aggregate's")
+    if limits > 1:
+        raise NotIncremental("LIMIT over a LIMIT")
     if not sorted_:
         raise NotIncremental("LIMIT without ORDER BY")
     return node
