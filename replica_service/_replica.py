@@ -2,13 +2,15 @@
 
 All state lives in one `Replica` and is touched only on the event loop. Blocking work
 (Spark, the catalog) runs on worker threads: two pools of step workers, so steps of
-different dataflows run at once where Spark has room, each dataflow in a FAIR scheduler
-pool of its own; light steps (an incremental dataflow's, past hydration: they read the
-changes) have workers of their own, so a long hydration or recompute does not hold back
-the steps of dataflows already live, not even in a queue; one worker for SQL peeks, so
-they are not queued behind a long step; a few for storage I/O. Peeks on an index are answered on the loop from the arrangement, while dataflows
-compute. How a step computes (reading storage, incremental state, writing materialized
-views) is the data plane's (`replica_service.dataplane`).
+different dataflows run at once where Spark has room. Light steps (an incremental
+dataflow's, past hydration: they read the changes) have workers of their own and share
+a FAIR scheduler pool whose tasks take a free core first, so a long hydration or
+recompute does not hold them back, not even in a queue; hydrations and recomputes run
+each in a FAIR scheduler pool of the dataflow's own. One worker runs SQL peeks, so they
+are not queued behind a long step; a few do storage I/O. Peeks on an index are answered
+on the loop from the arrangement, while dataflows compute. How a step computes (reading
+storage, incremental state, writing materialized views) is the data plane's
+(`replica_service.dataplane`).
 
 Connection lifecycle: a session is what one controller epoch sent since an opening
 `Hello`; `connect(hello)` supersedes the current connection, and either resumes its
