@@ -22,9 +22,9 @@ Structured Streaming: the same aggregation as (a), as a Spark user would keep it
 fastest trigger) in a local[2] / 1 GB session; latency from a change file's arrival to
 the end of the micro-batch that read it.
 
-TPC-H: the 22 standard queries (or `--tpch-queries`) at `--tpch-sf` on two `small` replicas, each as a
-dataflow with an index; after a 1,000-row change to `lineitem` (half retractions), the
-time until each answers at the change's timestamp.
+TPC-H: the 22 standard queries (or those `--tpch-queries` names) at `--tpch-sf` on two
+`small` replicas, each as a dataflow with an index; after a 1,000-row change to
+`lineitem` (half retractions), the time until each answers at the change's timestamp.
 """
 
 from __future__ import annotations

@@ -313,22 +313,22 @@ class IncrementalDataflow:
                 f" LEFT JOIN (SELECT {_prefix(', '.join(keys))}{distinct_counts} FROM __vsummed{a}{grouping}) x{a}"
                 f" ON {_matching('g', f'x{a}', keys)}"
             )
-        selects = [self._rows_sql(source, "new", time, shape, sign=1, touched_only=not every_group)]
+        selects = [self._rows_sql(source, "new", time, shape, sign=1, every_group=every_group)]
         if self.hydrated and not every_group:
-            selects.append(self._rows_sql(source, "old", time, shape, sign=-1, touched_only=True))
+            selects.append(self._rows_sql(source, "old", time, shape, sign=-1, every_group=False))
         return " UNION ALL ".join(selects)
 
-    def _rows_sql(self, source: str, side: str, time: int, shape: AggregateShape, *, sign: int, touched_only: bool) -> str:
-        """The `side` ("new" or "old") row of every group (of every touched one, with
-        `touched_only`) that exists on that side: a positive multiplicity, or always for
-        a global aggregate (whose sums over nothing are then 0)."""
+    def _rows_sql(self, source: str, side: str, time: int, shape: AggregateShape, *, sign: int, every_group: bool) -> str:
+        """The `side` ("new" or "old") row of every touched group (of every group, with
+        `every_group`) that exists on that side: a positive multiplicity, or always for a
+        global aggregate (whose sums over nothing are then 0)."""
         keys = self._keys
         if keys:
             values = {n: f"g.{side}_{n}" for n in self._accumulators}
             multiplicity = values["__n"]
             message = f"'negative count in dataflow {_sql_text(self.what)} at {time}: a group has multiplicity ' || {multiplicity}"
             exists = f"CASE WHEN {multiplicity} < 0 THEN raise_error({message}) ELSE {multiplicity} > 0 END"
-            where = f" WHERE g.__touched = 1 AND {exists}" if touched_only else f" WHERE {exists}"
+            where = f" WHERE {exists}" if every_group else f" WHERE g.__touched = 1 AND {exists}"
         else:
             values = {n: f"coalesce(g.{side}_{n}, 0)" for n in self._accumulators}
             where = ""
