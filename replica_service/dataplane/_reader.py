@@ -9,7 +9,9 @@ Rules:
 - Updates are read unconsolidated (user columns, `_time`, `_diff`), filtered by time.
   Consolidation (summing `_diff` per row) happens in Spark where a step needs whole rows
   (`snapshot`); a negative count fails the Spark job with an error naming the collection,
-  the time and the row.
+  the time and the row. Only batches with retractions need it: rows that no retraction
+  touches pass as they are (`snapshot`), so a few retractions in a large collection cost
+  a broadcast of them, not a shuffle of the collection.
 - A read at `t` needs `since <= t < upper` (the controller's holds guarantee it); a read
   of the changes in `(a, b]` needs `since <= a + 1`. Anything else is a `FailedPrecondition`
   (the caller retries: it is a moment, not the data).
@@ -33,7 +35,7 @@ from catalog import FailedPrecondition, ManifestState
 from history import Frontier
 from storage import DIFF, TIME, Storage, file_schema
 from replica_service.dataplane._jvm import in_session
-from replica_service.dataplane._rows import arrow_frame, consolidate, expand, spark_ddl
+from replica_service.dataplane._rows import arrow_frame, consolidate, expand, normalized, patch, spark_ddl
 
 BASE_MAX_AGE_S = 60.0
 """A persisted base older than this is rebuilt from a fresh manifest when next used."""
@@ -41,18 +43,24 @@ BASE_MAX_AGE_S = 60.0
 BASE_MAX_TAIL = 16
 """A persisted base is rebuilt when this many newer batches are read beside it."""
 
+PATCH_MAX_ROWS = 200_000
+"""A snapshot patches the rows of the batches without retractions with the others'
+consolidated updates when those hold at most this many rows (they are broadcast to
+every task) and fewer than the rows they patch; else it consolidates everything."""
+
 
 @dataclass(frozen=True, slots=True)
 class BatchFile:
-    """A manifest batch as read: where Spark finds it, the distinct times it holds, and
+    """A manifest batch as read: where Spark finds it, the distinct times it holds,
     whether every `_diff` in it is positive (no retraction, so rows need no
-    consolidation)."""
+    consolidation), and how many updates it holds."""
 
     lower: int
     upper: Frontier
     uri: str
     times: tuple[int, ...]
     positive: bool
+    rows: int
 
 
 @dataclass(slots=True)
@@ -89,23 +97,23 @@ class StorageReader:
     def refresh(self, session: SparkSession) -> None:
         """Read the manifest again (blocking): new batches, compactions, the frontiers."""
         state: ManifestState = self.storage.catalog.manifest(self.id)
-        batches = tuple(self._batch(session, b.lower, b.upper, b.path) for b in state.batches)
+        batches = tuple(self._batch(session, b.lower, b.upper, b.path, b.rows) for b in state.batches)
         with self._lock:
             self._batches = batches
             self._known = {b.uri: b for b in batches}
             self.since, self.upper = state.collection.since, state.collection.upper
             self.refreshed = True
 
-    def _batch(self, session: SparkSession, lower: int, upper: Frontier, path: str) -> BatchFile:
+    def _batch(self, session: SparkSession, lower: int, upper: Frontier, path: str, rows: int) -> BatchFile:
         uri = self.storage.spark_uri(path)
         known = self._known.get(uri)
         if known is not None:
             return known
         times, positive = _footer_summary(self.storage, path)
         if times is None:  # several times in one batch: ask Spark which
-            rows = session.read.schema(self.file_ddl).parquet(uri).select(TIME).distinct().collect()
-            times = tuple(sorted(row[0] for row in rows))
-        return BatchFile(lower, upper, uri, times, positive)
+            distinct = session.read.schema(self.file_ddl).parquet(uri).select(TIME).distinct().collect()
+            times = tuple(sorted(row[0] for row in distinct))
+        return BatchFile(lower, upper, uri, times, positive, rows)
 
     def change_times(self, after: int, before: Frontier) -> list[int]:
         """The distinct update times t with `after < t < before`."""
@@ -151,13 +159,25 @@ class StorageReader:
 
     def snapshot(self, session: SparkSession, t: int) -> DataFrame:
         """The collection's rows at `t`: one row per unit of net count (user columns).
-        Without retractions in the files read, no shuffle: the rows are just expanded."""
-        frame = self.updates(session, t)
+        The batches without retractions need no consolidation, their rows are just
+        expanded; the others' updates, when few, patch them (`_rows.patch`: broadcast,
+        no shuffle of the collection); else every update is consolidated. Whichever
+        way, float columns are `normalized`: the same rows have the same bits."""
         with self._lock:
-            positive = all(b.positive for b in self._batches if _overlaps(b, None, t))
-        if not positive:
-            frame = consolidate(frame, self.columns, f"{self.id} at {t}")
-        return expand(frame, self.columns)
+            self._check_readable(t, t)
+            batches = [b for b in self._batches if _overlaps(b, None, t)]
+        settled = [b for b in batches if b.positive]
+        retracting = [b for b in batches if not b.positive]
+        what = f"{self.id} at {t}"
+        if not retracting:
+            frame = self._read(session, settled, None, t)
+            return normalized(expand(frame if frame is not None else self.empty(session), self.columns))
+        changes = sum(b.rows for b in retracting)
+        if settled and changes <= PATCH_MAX_ROWS and changes < sum(b.rows for b in settled):
+            rows = patch(self._read(session, settled, None, t), self._read(session, retracting, None, t), self.columns, what)
+        else:
+            rows = consolidate(self._read(session, batches, None, t), self.columns, what)
+        return normalized(expand(rows, self.columns))
 
     def _read(self, session: SparkSession, batches: list[BatchFile], after: int | None, through: int) -> DataFrame | None:
         if not batches:

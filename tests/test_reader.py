@@ -1,0 +1,142 @@
+"""Snapshots of storage collections as a replica's Spark reads them
+(`StorageReader.snapshot`), on real Spark: the batches without retractions are expanded
+as they are, few retractions patch them (broadcast, no shuffle of the collection), many
+are consolidated with everything; every way gives the rows storage gives, with the same
+bits (a float's -0.0 and NaN as Spark's grouping leaves them)."""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pyspark.sql import DataFrame
+
+from catalog import Catalog
+from replica_service import _spark
+from replica_service.dataplane import StorageReader
+from replica_service.dataplane import _reader
+from storage import Storage
+
+pytestmark = pytest.mark.spark
+
+EXAMPLES = int(os.environ.get("TANDEM_PROPERTY_EXAMPLES", "4"))
+SCHEMA = "id BIGINT, k STRING, x DOUBLE"
+SETTLED_ROWS = 40  # the first batch: more rows than every later batch together
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    root: Path = tmp_path_factory.mktemp("reader")
+    catalog = Catalog.open(f"sqlite:///{root / 'catalog.db'}")
+    catalog.become_controller()
+    storage = Storage(catalog, root / "blobs", fsync=False)
+    session = _spark.start_session(_spark.SparkSettings("local[2]"), root / "spark", {"spark.sql.shuffle.partitions": "2"})
+    yield dict(storage=storage, session=session, sources=iter(range(10**6)))
+    session.stop()
+
+
+values_x = st.sampled_from([0.0, -0.0, float("nan"), 1.5, -2.25, None])
+rows = st.fixed_dictionaries({"id": st.integers(0, 3), "k": st.sampled_from(["a", "b", None]), "x": values_x})
+
+
+@st.composite
+def histories(draw):
+    """A first batch of inserts (duplicates among them), then batches of inserts and
+    retractions (picks of live rows by position; an update is a retraction and an
+    insert in one batch)."""
+    first = [{**draw(rows), "id": i % 7} for i in range(SETTLED_ROWS)]
+    later = [(draw(st.lists(rows, max_size=3)), draw(st.lists(st.integers(0, 10**6), min_size=1, max_size=3))) for _ in range(draw(st.integers(1, 3)))]
+    return first, later
+
+
+class Source:
+    """A fresh source in storage and its live rows."""
+
+    def __init__(self, env) -> None:
+        self.storage: Storage = env["storage"]
+        self.id = self.storage.create_source(f"s{next(env['sources'])}", SCHEMA).id
+        self.live: list[dict] = []
+        self.reader = StorageReader(self.storage, self.id)
+
+    def append(self, session, inserts: list[dict], picks: list[int] = ()) -> int:
+        changes = []
+        for pick in picks:
+            if self.live:
+                changes.append({**self.live.pop(pick % len(self.live)), "_diff": -1})
+        self.live.extend(inserts)
+        changes.extend({**row, "_diff": 1} for row in inserts)
+        time = self.storage.append(self.id, changes)
+        self.reader.refresh(session)
+        return time
+
+
+def snapshot(source: Source, session, t: int, *, patch_max_rows: int, monkeypatch) -> tuple[pa.Table, str]:
+    """The snapshot's rows and physical plan, with `PATCH_MAX_ROWS` set."""
+    monkeypatch.setattr(_reader, "PATCH_MAX_ROWS", patch_max_rows)
+    frame: DataFrame = source.reader.snapshot(session, t)
+    return frame.toArrow(), frame._jdf.queryExecution().executedPlan().toString()
+
+
+def bits(table: pa.Table) -> list[tuple]:
+    """The rows with each float as its bits, in a fixed order."""
+    return sorted(
+        (tuple(struct.pack(">d", v).hex() if isinstance(v, float) else v for v in row.values()) for row in table.to_pylist()),
+        key=repr,
+    )
+
+
+def normalized_bits(table: pa.Table) -> list[tuple]:
+    """`bits` of the rows with -0.0 as 0.0 and any NaN as Python's: what Spark's
+    grouping gives."""
+    def norm(v):
+        if isinstance(v, float):
+            return float("nan") if math.isnan(v) else (0.0 if v == 0 else v)
+        return v
+
+    return bits(pa.Table.from_pylist([{k: norm(v) for k, v in row.items()} for row in table.to_pylist()], schema=table.schema))
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(histories())
+def test_few_retractions_patch_the_settled_rows_with_the_bits_of_a_full_consolidation(env, monkeypatch, history):
+    session = env["session"]
+    source = Source(env)
+    first, later = history
+    times = [source.append(session, first)]
+    for inserts, picks in later:
+        times.append(source.append(session, inserts, picks))
+        patched, patched_plan = snapshot(source, session, times[-1], patch_max_rows=10**6, monkeypatch=monkeypatch)
+        full, full_plan = snapshot(source, session, times[-1], patch_max_rows=-1, monkeypatch=monkeypatch)
+        assert "LeftAnti" in patched_plan and "BroadcastExchange" in patched_plan, patched_plan
+        assert "LeftAnti" not in full_plan
+        assert bits(patched) == bits(full) == normalized_bits(source.storage.read_snapshot(source.id, times[-1]))
+    # Before the first retraction: the rows as they are, and the same bits.
+    settled, plan = snapshot(source, session, times[0], patch_max_rows=10**6, monkeypatch=monkeypatch)
+    assert "Exchange" not in plan
+    assert bits(settled) == normalized_bits(source.storage.read_snapshot(source.id, times[0]))
+
+
+def test_many_retractions_are_consolidated_with_everything(env, monkeypatch):
+    session = env["session"]
+    source = Source(env)
+    source.append(session, [{"id": i, "k": "a", "x": 1.0} for i in range(4)])
+    t = source.append(session, [{"id": 9, "k": None, "x": -0.0}], picks=[0, 0, 0])  # 4 updates, 4 settled rows
+    rows, plan = snapshot(source, session, t, patch_max_rows=10**6, monkeypatch=monkeypatch)
+    assert "LeftAnti" not in plan
+    assert bits(rows) == normalized_bits(source.storage.read_snapshot(source.id, t))
+
+
+def test_a_patched_snapshot_that_retracts_a_missing_row_fails_naming_it(env, monkeypatch):
+    session = env["session"]
+    source = Source(env)
+    source.append(session, [{"id": i, "k": "a", "x": 1.0} for i in range(10)])
+    t = source.storage.append(source.id, [{"id": 42, "k": "z", "x": 2.0, "_diff": -1}])
+    source.reader.refresh(session)
+    with pytest.raises(Exception, match=rf"negative count in {source.id} at {t}: row .*\"id\":42.* has net count -1"):
+        snapshot(source, session, t, patch_max_rows=10**6, monkeypatch=monkeypatch)
