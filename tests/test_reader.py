@@ -51,7 +51,8 @@ def histories(draw):
     retractions (picks of live rows by position; an update is a retraction and an
     insert in one batch)."""
     first = [{**draw(rows), "id": i % 7} for i in range(SETTLED_ROWS)]
-    later = [(draw(st.lists(rows, max_size=3)), draw(st.lists(st.integers(0, 10**6), min_size=1, max_size=3))) for _ in range(draw(st.integers(1, 3)))]
+    inserts, picks = st.lists(rows, max_size=3), st.lists(st.integers(0, 10**6), min_size=1, max_size=3)
+    later = [(draw(inserts), draw(picks)) for _ in range(draw(st.integers(1, 3)))]
     return first, later
 
 
