@@ -3,7 +3,7 @@ Spark Structured Streaming peer, against source size; and TPC-H after a change.
 
     .venv/bin/python bench/freshness_bench.py [--sizes 10000,100000,1000000,10000000]
         [--appends 10] [--only shapes|streaming|tpch] [--strategies incremental,recompute]
-        [--tpch-sf 0.1] [--tpch-queries q1,q3,...]
+        [--shapes abc] [--tpch-sf 0.1] [--tpch-queries q1,q3,...]
 
 Shapes, on one `small` replica (local[2], 1 GB), over a source `sales` (id, one of 100
 regions, amount) of each size and a dimension `regions` (100 rows: region -> one of 10
@@ -14,8 +14,9 @@ zones):
 - (c) a filter/projection materialized view.
 Each append is 100 rows, 30 of them retractions. Latency: from the append to a strict
 peek that sees it ((a), (b)), or to the view's write frontier passing it ((c)); p50/p99.
-The three run together, first all incremental, then all with `strategy="recompute"`
-(the whole query at every change), on the same data.
+The three run together (`--shapes` picks some: `a` alone is the like-for-like peer of
+Structured Streaming, which keeps that one query), first all incremental, then all with
+`strategy="recompute"` (the whole query at every change), on the same data.
 
 Structured Streaming: the same aggregation as (a), as a Spark user would keep it fresh
 (a file source over Parquet, `sum(amount * _diff)`, `sum(_diff)`, update mode, the
@@ -59,8 +60,10 @@ def regions() -> pa.Table:
     return pa.table({"region": [f"r{i}" for i in range(100)], "zone": [f"z{i % 10}" for i in range(100)]})
 
 
-def shapes(root: Path, rows: int, appends: int, strategies: list[str]) -> dict[str, dict[str, list[float]]]:
-    """Per strategy, per shape: the latency of each append."""
+def shapes(root: Path, rows: int, appends: int, strategies: list[str], chosen: str = "abc") -> dict[str, dict[str, list[float]]]:
+    """Per strategy, per shape of `chosen`: the latency of each append."""
+    chosen_shapes = {shape: sql for shape, sql in SHAPES.items() if shape in chosen}
+    keyed = {shape: key for shape, key in KEYS.items() if shape in chosen}
     latencies: dict[str, dict[str, list[float]]] = {}
     with controller(root) as client:
         client.create_instance("bench")
@@ -72,26 +75,28 @@ def shapes(root: Path, rows: int, appends: int, strategies: list[str]) -> dict[s
         loaded = load(client, "sales", rows)
         step = 0
         for strategy in strategies:
-            names = {shape: f"{shape}_{strategy}" for shape in SHAPES}
-            for shape, sql in SHAPES.items():
+            names = {shape: f"{shape}_{strategy}" for shape in chosen_shapes}
+            for shape, sql in chosen_shapes.items():
                 options = {"index_key": [KEYS[shape][0]]} if shape in KEYS else {"materialize": True}
                 view = client.create_dataflow("bench", names[shape], sql, strategy=strategy, **options)
                 log(f"{view.name}: {view.strategy}")
             started = time.monotonic()
-            for shape, (_, key) in KEYS.items():
+            for shape, (_, key) in keyed.items():
                 client.peek("bench", names[shape], key=key, consistency="strict", timeout_ms=3_600_000)
-            wait_until(lambda: hydrated(client, "bench", names["c"]), 3600, f"{names['c']} hydrated")
+            if "c" in names:
+                wait_until(lambda: hydrated(client, "bench", names["c"]), 3600, f"{names['c']} hydrated")
             log(f"{rows:,} rows, {strategy}: hydrated in {time.monotonic() - started:.1f} s")
-            samples = {shape: [] for shape in SHAPES}
+            samples = {shape: [] for shape in chosen_shapes}
             for _ in range(appends):
                 started = time.monotonic()
                 t = client.append("sales", change(rows, step))
                 step += 1
-                for shape, (_, key) in KEYS.items():
+                for shape, (_, key) in keyed.items():
                     client.peek("bench", names[shape], key=key, consistency="strict", timeout_ms=600_000)
                     samples[shape].append(time.monotonic() - started)
-                wait_past(client, names["c"], t)
-                samples["c"].append(time.monotonic() - started)
+                if "c" in names:
+                    wait_past(client, names["c"], t)
+                    samples["c"].append(time.monotonic() - started)
             latencies[strategy] = samples
             for name in names.values():
                 client.drop_dataflow("bench", name)
@@ -213,6 +218,7 @@ def main() -> None:
     parser.add_argument("--appends", type=int, default=10)
     parser.add_argument("--only", choices=["shapes", "streaming", "tpch"])
     parser.add_argument("--strategies", default="incremental,recompute", help="of the shapes, side by side")
+    parser.add_argument("--shapes", default="abc", help="which shapes run, together (a alone: the like-for-like peer of Structured Streaming)")
     parser.add_argument("--tpch-sf", type=float, default=0.1)
     parser.add_argument("--tpch-queries", default=",".join(f"q{i}" for i in range(1, 23)))
     args = parser.parse_args()
@@ -221,7 +227,7 @@ def main() -> None:
     if args.only in (None, "shapes"):
         for rows in sizes:
             with tempfile.TemporaryDirectory(prefix="tandem-fresh-") as root:
-                table[rows] = shapes(Path(root), rows, args.appends, args.strategies.split(","))
+                table[rows] = shapes(Path(root), rows, args.appends, args.strategies.split(","), args.shapes)
     peer = {}
     if args.only in (None, "streaming"):
         for rows in sizes:
@@ -238,12 +244,12 @@ def main() -> None:
         incremental = [rows for rows in sizes if "incremental" in table.get(rows, {})]
         if len(incremental) > 1:
             low, high = incremental[0], incremental[-1]
-            for shape in "ab":
+            for shape in [shape for shape in "ab" if shape in args.shapes]:
                 ratio = pct(table[high]["incremental"][shape], 50) / pct(table[low]["incremental"][shape], 50)
                 print(f"({shape}) incremental p50 at {high:,} / at {low:,}: {ratio:.2f}x")
         for rows in sizes:
             if {"incremental", "recompute"} <= set(table.get(rows, {})):
-                for shape in "ab":
+                for shape in [shape for shape in "ab" if shape in args.shapes]:
                     speedup = pct(table[rows]["recompute"][shape], 50) / pct(table[rows]["incremental"][shape], 50)
                     print(f"({shape}) at {rows:,}: recompute / incremental p50 = {speedup:.1f}x")
     if args.only in (None, "tpch"):
