@@ -61,6 +61,7 @@ SHAPES = {
     "global": "SELECT count(*) AS c, sum(x) AS s, max(q) AS m, count(DISTINCT k) AS dk FROM t",
     "distinct": "SELECT DISTINCT k, n FROM t",
     "union": "SELECT id, k FROM t WHERE n > 0 UNION ALL SELECT id, z AS k FROM u",
+    "floats": "SELECT id, x, -x AS nx, x * 0 AS zero FROM t",  # -0.0 and NaN carried through as they are
     "join": "SELECT t.id, t.k, u.y FROM t JOIN u ON t.id = u.id",
     "join_aggregate": "SELECT u.z, count(*) AS c, sum(t.q) AS s, avg(t.x) AS a, max(t.n) AS m FROM t JOIN u ON t.id = u.id GROUP BY u.z",
     "three_way": "SELECT a.k, count(*) AS c, sum(b.q) AS s FROM t a JOIN u ON a.id = u.id JOIN t b ON b.id = u.y GROUP BY a.k",

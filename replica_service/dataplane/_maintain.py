@@ -35,7 +35,7 @@ from replica_service._arrangement import Arrangement, Version
 from replica_service.dataplane._incremental import Binding, IncrementalDataflow
 from replica_service.dataplane._plan import DeltaPlan, NotIncremental, delta_plan
 from replica_service.dataplane._reader import StorageReader
-from replica_service.dataplane._rows import arrow_frame, canonical, expand, quote
+from replica_service.dataplane._rows import arrow_frame, canonical, expand, normalized, quote
 from replica_service.dataplane._sink import SinkWriter
 
 Input = Union[StorageReader, Arrangement]
@@ -225,7 +225,10 @@ class Incremental(Maintainer):
         they imply. Consolidated, unless `consolidated` is False and the query is linear:
         then a row retracted and inserted at once may stay as two updates, which readers
         sum anyway, and no shuffle of the changes is paid (a hydration's changes are the
-        whole output)."""
+        whole output). Unconsolidated float columns are `normalized` as consolidating
+        leaves them (-0.0 as 0.0, one NaN), so both give the same bits, and so does
+        `Recompute` (which consolidates). (Leaving an aggregate's changes unconsolidated
+        too was measured: no faster, 383-394 vs 382-437 ms a step of (a) at 1M.)"""
         bindings, bound = self._bindings(time)
         step = self.state.step(time, bindings)
 
@@ -236,7 +239,7 @@ class Incremental(Maintainer):
 
         if consolidated or self.plan.aggregate is not None:
             return _consolidated(step.changes), commit
-        return step.changes, commit
+        return normalized(step.changes), commit
 
     def step(self, time: int) -> StepOutput:
         changes, commit = self.changes(time, consolidated=False)

@@ -92,8 +92,9 @@ def expand(updates: DataFrame, columns: Sequence[str]) -> DataFrame:
 def normalized(rows: DataFrame) -> DataFrame:
     """`rows` with each float column's -0.0 as 0.0 and every NaN as one NaN, as Spark's
     grouping leaves them: a consolidated row has those bits, so a row that needed no
-    consolidation is given them too, and a snapshot's bits do not depend on which of its
-    batches held retractions."""
+    consolidation is given them too. A snapshot's bits then do not depend on which of
+    its batches held retractions, nor a linear dataflow's on whether its changes were
+    consolidated (recompute) or not (incremental)."""
     columns = []
     for field in rows.schema.fields:
         column = F.col(quote(field.name))
