@@ -95,14 +95,15 @@ def normalized(rows: DataFrame) -> DataFrame:
     consolidation is given them too. A snapshot's bits then do not depend on which of
     its batches held retractions, nor a linear dataflow's on whether its changes were
     consolidated (recompute) or not (incremental)."""
-    columns = []
-    for field in rows.schema.fields:
+    floats = [f for f in rows.schema.fields if isinstance(f.dataType, (DoubleType, FloatType))]
+    if not floats:  # no projection, and no call into the JVM per column (steps' hot path)
+        return rows
+    replaced = {}
+    for field in floats:
         column = F.col(quote(field.name))
-        if isinstance(field.dataType, (DoubleType, FloatType)):
-            zero, nan = F.lit(0.0).cast(field.dataType), F.lit(float("nan")).cast(field.dataType)
-            column = F.when(F.isnan(column), nan).when(column == 0, zero).otherwise(column).alias(field.name)
-        columns.append(column)
-    return rows.select(*columns)
+        zero, nan = F.lit(0.0).cast(field.dataType), F.lit(float("nan")).cast(field.dataType)
+        replaced[field.name] = F.when(F.isnan(column), nan).when(column == 0, zero).otherwise(column)
+    return rows.withColumns(replaced)
 
 
 def canonical(rows: DataFrame, partitions: int) -> DataFrame:
