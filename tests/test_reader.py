@@ -141,3 +141,37 @@ def test_a_patched_snapshot_that_retracts_a_missing_row_fails_naming_it(env, mon
     source.reader.refresh(session)
     with pytest.raises(Exception, match=rf"negative count in {source.id} at {t}: row .*\"id\":42.* has net count -1"):
         snapshot(source, session, t, patch_max_rows=10**6, monkeypatch=monkeypatch)
+
+
+def test_a_snapshot_several_dataflows_recompute_over_is_computed_once_with_the_same_rows(env):
+    """`share`: the second ask of the same rows persists them, later asks (any session)
+    read them; a collection that did not change keeps its snapshot; after a change that
+    had several asks, the first ask persists at once, and the old rows are released; an
+    ask behind the newest reads without displacing it."""
+    session, other = env["session"], env["session"].newSession()
+    source = Source(env)
+    t1 = source.append(session, [{"id": i % 3, "k": "a", "x": -0.0 if i else 1.5} for i in range(6)])
+    expected = bits(source.reader.snapshot(session, t1).toArrow())
+
+    def ask(s, t):
+        frame = source.reader.snapshot(s, t, share=True)
+        return frame, bits(frame.toArrow())
+
+    first, rows = ask(session, t1)
+    assert not first.storageLevel.useDisk and rows == expected  # asked once: not worth keeping
+    second, rows = ask(other, t1)
+    assert second.storageLevel.useDisk and rows == expected
+    third, rows = ask(session, t1)
+    assert "InMemoryTableScan" in third._jdf.queryExecution().executedPlan().toString() and rows == expected
+    # A later time with no batch between has the same rows: the same persisted snapshot.
+    t3 = source.append(session, [{"id": 7, "k": "b", "x": 2.0}], picks=[0])
+    assert t3 - 1 > t1 and source.reader.snapshot(session, t3 - 1, share=True).storageLevel.useDisk
+
+    # The change had several asks before: its first ask persists; the old rows go.
+    after, rows = ask(other, t3)
+    assert after.storageLevel.useDisk and rows == bits(source.reader.snapshot(session, t3).toArrow())
+    assert not second.storageLevel.useDisk
+    # Behind the newest: read as usual, the newest stays.
+    behind, rows = ask(session, t1)
+    assert not behind.storageLevel.useDisk and rows == expected
+    assert ask(session, t3)[0].storageLevel.useDisk

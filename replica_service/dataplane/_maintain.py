@@ -373,7 +373,7 @@ def _version_at(arrangement: Arrangement, time: int) -> Version:
 
 def _rows_at(session: SparkSession, source: Input, time: int) -> DataFrame:
     if isinstance(source, StorageReader):
-        return source.snapshot(session, time)
+        return source.snapshot(session, time, share=True)
     return arrow_frame(session, _version_at(source, time).table)
 
 

@@ -17,7 +17,9 @@ Rules:
   (the caller retries: it is a moment, not the data).
 - A plan is used within seconds of its manifest read; the persisted base, which outlives
   one step, is rebuilt from a fresh manifest every `BASE_MAX_AGE_S`, well within the
-  storage's garbage-collection grace period, so no file vanishes under it.
+  storage's garbage-collection grace period, so no file vanishes under it. A shared
+  snapshot (`snapshot(..., share=True)`) outlives steps too, but only while the batches
+  it reads are the collection's current ones: their files are not collected.
 """
 
 from __future__ import annotations
@@ -74,6 +76,18 @@ class _Base:
     batches: tuple[str, ...]  # the uris it covers
 
 
+@dataclass(slots=True)
+class _Shared:
+    """The newest snapshot asked for with `share` (`_snapshot_key`): the latest time it
+    was asked at, how many asks it had, and its rows persisted once it is worth it (a
+    cache: reads are correct without it)."""
+
+    key: tuple
+    newest: int
+    asks: int
+    frame: DataFrame | None
+
+
 class StorageReader:
     """Thread-safe: dataflow steps read it concurrently; `refresh` replaces the batch list
     atomically."""
@@ -90,6 +104,7 @@ class StorageReader:
         self._known: dict[str, BatchFile] = {}  # by uri: batch files never change
         self._lock = threading.Lock()
         self._base: _Base | None = None
+        self._shared: _Shared | None = None
         self.refreshed = False  # the manifest was read at least once
 
     # --- The manifest --------------------------------------------------------------------
@@ -157,15 +172,51 @@ class StorageReader:
         an empty Python list would start Python workers to read it)."""
         return arrow_frame(session, file_schema(self.schema).empty_table())
 
-    def snapshot(self, session: SparkSession, t: int) -> DataFrame:
+    def snapshot(self, session: SparkSession, t: int, *, share: bool = False) -> DataFrame:
         """The collection's rows at `t`: one row per unit of net count (user columns).
         The batches without retractions need no consolidation, their rows are just
         expanded; the others' updates, when few, patch them (`_rows.patch`: broadcast,
         no shuffle of the collection); else every update is consolidated. Whichever
-        way, float columns are `normalized`: the same rows have the same bits."""
+        way, float columns are `normalized`: the same rows have the same bits.
+
+        With `share` (for dataflows recomputed over whole snapshots), rows asked for
+        more than once are computed once: the second ask persists them on the
+        executors' disks (the first ask does, when the snapshot before had several), and
+        later asks read them, in any session: six TPC-H queries recomputed over one
+        lineitem snapshot. The rows are the same whether persisted or not."""
         with self._lock:
             self._check_readable(t, t)
             batches = [b for b in self._batches if _overlaps(b, None, t)]
+            if share:
+                shared = self._shared_snapshot(session, batches, t)
+                if shared is not None:
+                    return in_session(shared, session)
+        return self._snapshot(session, batches, t)
+
+    def _shared_snapshot(self, session: SparkSession, batches: list[BatchFile], t: int) -> DataFrame | None:
+        """Count an ask for the snapshot of `batches` at `t` (under the lock) and return
+        its persisted rows, persisting them now at a second ask of the same rows, or at
+        the first ask after a snapshot that had several (the snapshot several dataflows
+        recompute over, at each change); None when it is not worth keeping."""
+        key = _snapshot_key(batches, t)
+        shared = self._shared
+        if shared is not None and shared.key == key:
+            shared.asks += 1
+            shared.newest = max(shared.newest, t)
+        elif shared is not None and t < shared.newest:
+            return None  # a step behind the others: read, do not displace the newest
+        else:
+            if shared is not None and shared.frame is not None:
+                shared.frame.unpersist()  # a job still reading it recomputes what it misses
+            self._shared = _Shared(key, t, 1, None)
+            if shared is None or shared.asks == 1:
+                return None  # asked once so far, as its predecessor was
+        if self._shared.frame is None:
+            # Lazy: the first job that reads it persists it; others wait for its blocks.
+            self._shared.frame = self._snapshot(session, batches, t).persist(StorageLevel.DISK_ONLY)
+        return self._shared.frame
+
+    def _snapshot(self, session: SparkSession, batches: list[BatchFile], t: int) -> DataFrame:
         settled = [b for b in batches if b.positive]
         retracting = [b for b in batches if not b.positive]
         what = f"{self.id} at {t}"
@@ -210,6 +261,9 @@ class StorageReader:
             if self._base is not None:
                 self._base.frame.unpersist()
                 self._base = None
+            if self._shared is not None and self._shared.frame is not None:
+                self._shared.frame.unpersist()
+            self._shared = None
 
 
 def _within(t: int, after: int | None, through: int) -> bool:
@@ -218,6 +272,14 @@ def _within(t: int, after: int | None, through: int) -> bool:
 
 def _overlaps(batch: BatchFile, after: int | None, through: int) -> bool:
     return any(_within(t, after, through) for t in batch.times)
+
+
+def _snapshot_key(batches: list[BatchFile], t: int) -> tuple:
+    """What a snapshot at `t` of `batches` (those with updates through `t`) depends on:
+    their files, and `t` only when one of them holds later updates too. So the snapshots
+    of a collection that did not change have one key whatever their time."""
+    cut = t if any(time > t for b in batches for time in b.times) else None
+    return tuple(b.uri for b in batches), cut
 
 
 def _stale(base: _Base, batches: list[BatchFile], through: int) -> bool:
