@@ -351,6 +351,12 @@ class Catalog:
         with self._read() as session:
             return _collections.list_collections(session, include_dropped=include_dropped)
 
+    def uppers(self, ids: Sequence[str]) -> dict[str, Frontier]:
+        """The upper of each of the collections `ids` that exist: one lean query, cheap
+        enough for a replica to ask many times a second."""
+        with self._read() as session:
+            return _collections.uppers(session, ids)
+
     def record_frontiers(
         self, id: str, *, since: Frontier | None = None, upper: Frontier | None = None
     ) -> CollectionInfo:

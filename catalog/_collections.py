@@ -138,6 +138,11 @@ def list_collections(session: Session, *, include_dropped: bool) -> list[Collect
     return [collection_info(row) for row in rows]
 
 
+def uppers(session: Session, ids: Sequence[str]) -> dict[str, Frontier]:
+    rows = session.execute(select(Collection.id, Collection.upper).where(Collection.id.in_(ids)))
+    return {id: frontier_from_db(upper) for id, upper in rows}
+
+
 def record_frontiers(
     session: Session, id: str, *, since: Frontier | None, upper: Frontier | None
 ) -> CollectionInfo:

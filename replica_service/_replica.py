@@ -689,8 +689,7 @@ class Replica:
             if not self.readers:
                 continue
             try:
-                collections = await loop.run_in_executor(self._io_pool, self.storage.catalog.list_collections)
-                uppers = {c.id: c.upper for c in collections if c.namespace == "storage"}
+                uppers = await loop.run_in_executor(self._io_pool, self.storage.catalog.uppers, list(self.readers))
                 moved = {id for id, reader in self.readers.items() if reader.refreshed and uppers.get(id, reader.upper) != reader.upper}
                 await asyncio.gather(*(self._refresh(id) for id in moved))
             except Exception as e:  # the catalog is unreachable for a moment: poll again

@@ -274,6 +274,14 @@ def test_concurrent_creations_of_one_name_leave_one_winner(
     assert [c.name for c in controller.list_collections()] == ["orders"]
 
 
+def test_uppers_names_each_asked_collection_that_exists(controller: Catalog) -> None:
+    orders, items = controller.create_source("orders", SCHEMA), controller.create_source("items", SCHEMA)
+    controller.append_batch(items.id, Frontier(0), Frontier(7), None)
+    assert controller.uppers([orders.id, items.id, "s999"]) == {orders.id: Frontier(0), items.id: Frontier(7)}
+    assert controller.uppers([items.id]) == {items.id: Frontier(7)}
+    assert controller.uppers([]) == {}
+
+
 # --- Dataflows ----------------------------------------------------------------------------
 
 
