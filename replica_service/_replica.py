@@ -680,9 +680,9 @@ class Replica:
         await asyncio.shield(task)
 
     async def _poll_storage(self) -> None:
-        """Read every storage collection's upper with one catalog query per interval, read
-        the manifests of the collections that moved, and wake the dataflows reading them
-        (instead of each dataflow polling each of its inputs)."""
+        """Read the uppers of the storage collections this replica reads with one catalog
+        query per interval, read the manifests of the collections that moved, and wake
+        the dataflows reading them (instead of each dataflow polling each of its inputs)."""
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.parameters.input_poll_interval_ms / 1000)

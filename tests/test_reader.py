@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from pyspark.sql import DataFrame
 
 from catalog import Catalog
+from history import Frontier
 from replica_service import _spark
 from replica_service.dataplane import StorageReader
 from replica_service.dataplane import _reader
@@ -175,3 +176,26 @@ def test_a_snapshot_several_dataflows_recompute_over_is_computed_once_with_the_s
     behind, rows = ask(session, t1)
     assert not behind.storageLevel.useDisk and rows == expected
     assert ask(session, t3)[0].storageLevel.useDisk
+
+
+def test_a_shared_snapshot_is_released_when_its_batches_are_compacted_and_when_the_reader_closes(env):
+    session = env["session"]
+    source = Source(env)
+    source.append(session, [{"id": 1, "k": "a", "x": 1.0}])
+    source.append(session, [{"id": 2, "k": "b", "x": 2.0}])
+    t = source.append(session, [{"id": 3, "k": None, "x": -0.0}], picks=[0])
+    source.reader.snapshot(session, t, share=True)
+    persisted = source.reader.snapshot(session, t, share=True)
+    expected = bits(persisted.toArrow())
+    assert persisted.storageLevel.useDisk
+
+    source.storage.acquire_read_hold(source.id, "test", Frontier(t))
+    assert source.storage.compact(source.id) == 2
+    source.reader.refresh(session)
+    assert not persisted.storageLevel.useDisk  # its files are no longer the collection's
+    source.reader.snapshot(session, t, share=True)
+    again = source.reader.snapshot(session, t, share=True)
+    assert again.storageLevel.useDisk and bits(again.toArrow()) == expected
+
+    source.reader.close()
+    assert not again.storageLevel.useDisk

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow.parquet as pq
 from pyspark import StorageLevel
@@ -79,13 +79,17 @@ class _Base:
 @dataclass(slots=True)
 class _Shared:
     """The newest snapshot asked for with `share` (`_snapshot_key`): the latest time it
-    was asked at, how many asks it had, and its rows persisted once it is worth it (a
-    cache: reads are correct without it)."""
+    was asked at, how many asks it had, and its rows persisted once that is worth it (a
+    cache: reads are correct without it). Released when a newer snapshot displaces it,
+    when its batches stop being the collection's (`refresh`: compacted), or at `close`.
+    A query planned over it just before its release builds the blocks it reads again,
+    unowned; Spark's ContextCleaner drops them once the JVM collects them."""
 
     key: tuple
     newest: int
-    asks: int
-    frame: DataFrame | None
+    asks: int = 1
+    frame: DataFrame | None = None
+    building: threading.Lock = field(default_factory=threading.Lock)
 
 
 class StorageReader:
@@ -118,6 +122,11 @@ class StorageReader:
             self._known = {b.uri: b for b in batches}
             self.since, self.upper = state.collection.since, state.collection.upper
             self.refreshed = True
+            gone = self._shared if self._shared is not None and not set(self._shared.key[0]) <= self._known.keys() else None
+            if gone is not None:
+                self._shared = None
+        if gone is not None and gone.frame is not None:
+            gone.frame.unpersist()  # its batches were compacted away
 
     def _batch(self, session: SparkSession, lower: int, upper: Frontier, path: str, rows: int) -> BatchFile:
         uri = self.storage.spark_uri(path)
@@ -187,34 +196,39 @@ class StorageReader:
         with self._lock:
             self._check_readable(t, t)
             batches = [b for b in self._batches if _overlaps(b, None, t)]
-            if share:
-                shared = self._shared_snapshot(session, batches, t)
-                if shared is not None:
-                    return in_session(shared, session)
-        return self._snapshot(session, batches, t)
+            shared, displaced = self._ask(_snapshot_key(batches, t), t) if share else (None, None)
+        if displaced is not None:
+            displaced.unpersist()  # see `_Shared`
+        if shared is None:
+            return self._snapshot(session, batches, t)
+        with shared.building:  # concurrent asks wait for this one's plan, not build a second copy
+            if shared.frame is None:
+                frame = self._snapshot(session, batches, t).persist(StorageLevel.DISK_ONLY)
+                with self._lock:
+                    kept = self._shared is shared  # else a newer snapshot displaced it meanwhile
+                    if kept:
+                        shared.frame = frame
+                if not kept:
+                    frame.unpersist()
+                    return frame
+        return in_session(shared.frame, session)
 
-    def _shared_snapshot(self, session: SparkSession, batches: list[BatchFile], t: int) -> DataFrame | None:
-        """Count an ask for the snapshot of `batches` at `t` (under the lock) and return
-        its persisted rows, persisting them now at a second ask of the same rows, or at
-        the first ask after a snapshot that had several (the snapshot several dataflows
-        recompute over, at each change); None when it is not worth keeping."""
-        key = _snapshot_key(batches, t)
+    def _ask(self, key: tuple, t: int) -> tuple[_Shared | None, DataFrame | None]:
+        """Count an ask for the snapshot `key` at `t` (under the lock). Returns the
+        shared entry when the rows are worth persisting: at a second ask of the same
+        rows, or at the first ask after a snapshot that had several (the snapshot several
+        dataflows recompute over, at each change); and the persisted rows this ask
+        displaced, for the caller to release outside the lock."""
         shared = self._shared
         if shared is not None and shared.key == key:
             shared.asks += 1
             shared.newest = max(shared.newest, t)
-        elif shared is not None and t < shared.newest:
-            return None  # a step behind the others: read, do not displace the newest
-        else:
-            if shared is not None and shared.frame is not None:
-                shared.frame.unpersist()  # a job still reading it recomputes what it misses
-            self._shared = _Shared(key, t, 1, None)
-            if shared is None or shared.asks == 1:
-                return None  # asked once so far, as its predecessor was
-        if self._shared.frame is None:
-            # Lazy: the first job that reads it persists it; others wait for its blocks.
-            self._shared.frame = self._snapshot(session, batches, t).persist(StorageLevel.DISK_ONLY)
-        return self._shared.frame
+            return shared, None
+        if shared is not None and t < shared.newest:
+            return None, None  # a step behind the others: read, do not displace the newest
+        self._shared = _Shared(key, t)
+        worth = shared is not None and shared.asks > 1  # asked once so far, as its predecessor was
+        return (self._shared if worth else None), (shared.frame if shared is not None else None)
 
     def _snapshot(self, session: SparkSession, batches: list[BatchFile], t: int) -> DataFrame:
         settled = [b for b in batches if b.positive]
@@ -261,9 +275,9 @@ class StorageReader:
             if self._base is not None:
                 self._base.frame.unpersist()
                 self._base = None
-            if self._shared is not None and self._shared.frame is not None:
-                self._shared.frame.unpersist()
-            self._shared = None
+            shared, self._shared = self._shared, None
+        if shared is not None and shared.frame is not None:
+            shared.frame.unpersist()
 
 
 def _within(t: int, after: int | None, through: int) -> bool:
@@ -276,9 +290,11 @@ def _overlaps(batch: BatchFile, after: int | None, through: int) -> bool:
 
 def _snapshot_key(batches: list[BatchFile], t: int) -> tuple:
     """What a snapshot at `t` of `batches` (those with updates through `t`) depends on:
-    their files, and `t` only when one of them holds later updates too. So the snapshots
-    of a collection that did not change have one key whatever their time."""
-    cut = t if any(time > t for b in batches for time in b.times) else None
+    their files, and, when one of them holds later updates too, the last update time
+    through `t`. So the snapshots of a collection that did not change have one key
+    whatever their time."""
+    times = [time for b in batches for time in b.times]
+    cut = max(time for time in times if time <= t) if any(time > t for time in times) else None
     return tuple(b.uri for b in batches), cut
 
 
