@@ -27,6 +27,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import pyarrow.parquet as pq
 from pyspark import StorageLevel
@@ -76,6 +77,13 @@ class _Base:
     batches: tuple[str, ...]  # the uris it covers
 
 
+class _SnapshotKey(NamedTuple):
+    """What a snapshot's rows depend on (`_snapshot_key`)."""
+
+    uris: tuple[str, ...]
+    cut: int | None
+
+
 @dataclass(slots=True)
 class _Shared:
     """The newest snapshot asked for with `share` (`_snapshot_key`): the latest time it
@@ -85,7 +93,7 @@ class _Shared:
     A query planned over it just before its release builds the blocks it reads again,
     unowned; Spark's ContextCleaner drops them once the JVM collects them."""
 
-    key: tuple
+    key: _SnapshotKey
     newest: int
     asks: int = 1
     frame: DataFrame | None = None
@@ -122,7 +130,7 @@ class StorageReader:
             self._known = {b.uri: b for b in batches}
             self.since, self.upper = state.collection.since, state.collection.upper
             self.refreshed = True
-            gone = self._shared if self._shared is not None and not set(self._shared.key[0]) <= self._known.keys() else None
+            gone = self._shared if self._shared is not None and not self._known.keys() >= set(self._shared.key.uris) else None
             if gone is not None:
                 self._shared = None
         if gone is not None and gone.frame is not None:
@@ -213,7 +221,7 @@ class StorageReader:
                     return frame
         return in_session(shared.frame, session)
 
-    def _ask(self, key: tuple, t: int) -> tuple[_Shared | None, DataFrame | None]:
+    def _ask(self, key: _SnapshotKey, t: int) -> tuple[_Shared | None, DataFrame | None]:
         """Count an ask for the snapshot `key` at `t` (under the lock). Returns the
         shared entry when the rows are worth persisting: at a second ask of the same
         rows, or at the first ask after a snapshot that had several (the snapshot several
@@ -227,7 +235,7 @@ class StorageReader:
         if shared is not None and t < shared.newest:
             return None, None  # a step behind the others: read, do not displace the newest
         self._shared = _Shared(key, t)
-        worth = shared is not None and shared.asks > 1  # asked once so far, as its predecessor was
+        worth = shared is not None and shared.asks > 1  # else wait for a second ask
         return (self._shared if worth else None), (shared.frame if shared is not None else None)
 
     def _snapshot(self, session: SparkSession, batches: list[BatchFile], t: int) -> DataFrame:
@@ -288,14 +296,14 @@ def _overlaps(batch: BatchFile, after: int | None, through: int) -> bool:
     return any(_within(t, after, through) for t in batch.times)
 
 
-def _snapshot_key(batches: list[BatchFile], t: int) -> tuple:
+def _snapshot_key(batches: list[BatchFile], t: int) -> _SnapshotKey:
     """What a snapshot at `t` of `batches` (those with updates through `t`) depends on:
     their files, and, when one of them holds later updates too, the last update time
     through `t`. So the snapshots of a collection that did not change have one key
     whatever their time."""
     times = [time for b in batches for time in b.times]
     cut = max(time for time in times if time <= t) if any(time > t for time in times) else None
-    return tuple(b.uri for b in batches), cut
+    return _SnapshotKey(tuple(b.uri for b in batches), cut)
 
 
 def _stale(base: _Base, batches: list[BatchFile], through: int) -> bool:
