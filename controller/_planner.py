@@ -542,7 +542,7 @@ class Planner:
         except NotIncremental as reason:
             return str(reason)
         try:
-            self._check_delta_plan(session, plan, views, analyzed)
+            self._check_delta_plan(session, plan, views, _columns(analyzed.schema()))
         except (CapturedException, Py4JError, AssertionError) as error:
             # A shape the rewrite claims but does not carry through: recompute it, and
             # keep the evidence; it is a defect of the delta planner.
@@ -550,15 +550,21 @@ class Planner:
             return f"its delta plan did not analyze ({_first_line(str(error))})"
         return None
 
-    def _check_delta_plan(self, session: Any, plan: DeltaPlan, views: Mapping[str, str], analyzed: Any) -> None:
-        """Analyze every template of `plan` over empty views; each must give the query's
-        output columns and types (plus `_diff`; a ranked query's template, without)."""
+    def _check_delta_plan(self, session: Any, plan: DeltaPlan, views: Mapping[str, str], expected: list[tuple[str, str]]) -> None:
+        """Analyze every template of `plan` (and of its stages) over empty views; each
+        must give the `expected` output columns and types (plus `_diff`; a ranked
+        query's template, without)."""
+        for leaf in plan.leaves:  # first: each stage binds the same view names
+            if leaf.stage is not None:
+                self._check_delta_plan(session, leaf.stage, views, list(zip(leaf.stage.output_columns, leaf.types)))
         catalog = session.sessionState().catalog()
         for leaf in plan.leaves:
-            ddl = f"{views[leaf.name]}, `{DIFF}` BIGINT"
+            if leaf.stage is None:
+                ddl = f"{views[leaf.name]}, `{DIFF}` BIGINT"
+            else:
+                ddl = ", ".join([*(f"`{c}` {t}" for c, t in zip(leaf.columns, leaf.types)), f"`{DIFF}` BIGINT"])
             catalog.createTempView(leaf.view, self._view(leaf.view, ddl), True)
         jvm = Jvm(session)
-        expected = _columns(analyzed.schema())
         shape = plan.aggregate
         if shape is None:
             outputs = [plan.full, *plan.terms]

@@ -67,6 +67,17 @@ SHAPES = {
     "three_way": "SELECT a.k, count(*) AS c, sum(b.q) AS s FROM t a JOIN u ON a.id = u.id JOIN t b ON b.id = u.y GROUP BY a.k",
     "top": "SELECT k, count(*) AS c FROM t GROUP BY k HAVING count(*) > 0 ORDER BY sum(n) DESC NULLS LAST, k LIMIT 2",
     "top_ties": "SELECT u.z, count(*) AS c, max(t.x) AS m FROM t JOIN u ON t.id = u.id GROUP BY u.z ORDER BY c DESC LIMIT 1",
+    # Stages: aggregates below joins, and IN / EXISTS as joins over DISTINCT stages.
+    "aggregate_join": "SELECT u.z, a.k, a.s, a.m FROM (SELECT k, sum(n) AS s, max(x) AS m FROM t GROUP BY k) a JOIN u ON a.s = u.y",
+    "in": "SELECT id, k, x FROM t WHERE id IN (SELECT id FROM u WHERE y > 0) AND n IS NOT NULL",
+    "exists": "SELECT u.z, count(*) AS c, sum(u.y) AS s FROM u WHERE EXISTS (SELECT * FROM t WHERE t.id = u.id AND t.n >= 0) GROUP BY u.z",
+    "scalar": "SELECT t.k, sum(t.x) AS s, count(*) AS c FROM t WHERE t.n < (SELECT avg(u.y) FROM u WHERE u.id = t.id) GROUP BY t.k",
+    "outer_filtered": "SELECT t.id, u.y FROM t LEFT JOIN u ON t.id = u.id WHERE u.y > 0",
+    "cte_max": "WITH r AS (SELECT k, sum(n) AS s FROM t GROUP BY k) SELECT k, s FROM r WHERE s = (SELECT max(s) FROM r)",
+    "scalar_having": "SELECT k, sum(q) AS s FROM t GROUP BY k HAVING sum(q) > (SELECT sum(y) FROM u) / 10",
+    "scalar_projection": "SELECT id, n * (SELECT count(*) FROM u) AS m FROM t",
+    "nested": "SELECT id, k FROM t WHERE id IN (SELECT u.id FROM u WHERE u.y > (SELECT sum(b.n) FROM t b WHERE b.id = u.id))",
+    "in_aggregate": "SELECT t.k, sum(t.q) AS s, count(*) AS c FROM t WHERE t.id IN (SELECT id FROM u GROUP BY id HAVING count(*) > 1) GROUP BY t.k",
 }
 
 # Spark picks any of the rows tied at a LIMIT; a ranked dataflow breaks ties by every
@@ -80,16 +91,18 @@ DOWNSTREAM = "SELECT k, c * 2 AS c2, s FROM totals WHERE c > 1"  # over UPSTREAM
 
 NOT_INCREMENTAL = {
     "SELECT t.id, u.y FROM t LEFT JOIN u ON t.id = u.id": "left outer join",
-    "SELECT id FROM t WHERE id IN (SELECT id FROM u)": "a subquery",
-    "SELECT k, count(*) AS c FROM t GROUP BY k HAVING count(*) > (SELECT count(*) FROM u)": "a subquery",
+    "SELECT id FROM t WHERE id NOT IN (SELECT id FROM u)": "an anti-join",
+    "SELECT id FROM t a WHERE EXISTS (SELECT * FROM t b WHERE b.k = a.k AND b.n > a.n)": "only equalities",
+    "SELECT id FROM t WHERE id IN (SELECT id FROM u) OR n > 0": "under OR",
+    "SELECT id FROM t WHERE n = (SELECT count(*) FROM u WHERE u.id = t.id)": "left outer join",
+    "SELECT k FROM t WHERE x > (SELECT y FROM u WHERE id = 1)": "a subquery",
     "SELECT id, row_number() OVER (ORDER BY id) AS r FROM t": "a window function",
     "SELECT id FROM t ORDER BY id LIMIT 3": "LIMIT over rows that are not an aggregate's",
     "SELECT k, count(*) AS c FROM t GROUP BY k LIMIT 2": "LIMIT without ORDER BY",
     "SELECT k, count(*) AS c FROM t GROUP BY k SORT BY c LIMIT 2": "LIMIT without ORDER BY",
     "SELECT k, count(*) AS c FROM t GROUP BY k ORDER BY c, k LIMIT 2 OFFSET 1": "OFFSET",
     "SELECT k FROM (SELECT k, count(*) AS c FROM t GROUP BY k ORDER BY c, k LIMIT 3) LIMIT 2": "LIMIT over a LIMIT",
-    "SELECT k, c + (SELECT count(*) FROM u) AS d FROM (SELECT k, count(*) AS c FROM t GROUP BY k ORDER BY c, k LIMIT 3)": "a subquery",
-    "SELECT s FROM (SELECT k, sum(n) AS s FROM t GROUP BY k) JOIN u ON s = u.y": "an aggregate below",
+    "SELECT k, c + (SELECT count(*) FROM u) AS d FROM (SELECT k, count(*) AS c FROM t GROUP BY k ORDER BY c, k LIMIT 3)": "LIMIT",
     "SELECT k, stddev(x) AS sd FROM t GROUP BY k": "the aggregate stddev",
 }
 

@@ -489,6 +489,12 @@ def test_bad_input_tables(planner, tables, expected):
         "SELECT region, sum(amount) AS total FROM sales GROUP BY region ORDER BY total DESC",
         "SELECT region, sum(amount) AS total FROM sales GROUP BY region ORDER BY total DESC LIMIT 3",
         "SELECT r.name FROM sales s JOIN regions r ON s.region = r.region GROUP BY r.name ORDER BY sum(s.amount) DESC LIMIT 3",
+        "SELECT id FROM sales WHERE region IN (SELECT region FROM regions)",
+        "SELECT id FROM sales WHERE amount > (SELECT avg(amount) FROM sales)",
+        "WITH big AS (SELECT * FROM sales WHERE amount > 1) SELECT id FROM big",
+        "SELECT name FROM regions r WHERE EXISTS (SELECT * FROM sales s WHERE s.region = r.region AND s.amount > 5)",
+        "SELECT id FROM sales s WHERE amount > (SELECT avg(amount) FROM sales t WHERE t.region = s.region)",
+        "SELECT r.name, t.total FROM (SELECT region, sum(amount) AS total FROM sales GROUP BY region) t JOIN regions r ON t.region = r.region",
     ],
 )
 def test_maintainable_shapes_are_incremental(planner, sql):
@@ -499,11 +505,12 @@ def test_maintainable_shapes_are_incremental(planner, sql):
     ("sql", "reason"),
     [
         ("SELECT s.id, r.name FROM sales s LEFT JOIN regions r ON s.region = r.region", "left outer join"),
-        ("SELECT id FROM sales WHERE region IN (SELECT region FROM regions)", "a subquery"),
+        ("SELECT id FROM sales WHERE region NOT IN (SELECT region FROM regions)", "an anti-join (NOT IN, NOT EXISTS"),
+        ("SELECT id FROM sales s WHERE id = (SELECT count(*) FROM regions r WHERE r.region = s.region)", "left outer join"),
         ("SELECT id, rank() OVER (ORDER BY amount) AS r FROM sales", "a window function"),
         ("SELECT id FROM sales ORDER BY amount LIMIT 10", "LIMIT over rows that are not an aggregate's"),
         ("SELECT region, stddev(amount) AS sd FROM sales GROUP BY region", "the aggregate stddev"),
-        ("WITH big AS (SELECT * FROM sales WHERE amount > 1) SELECT id FROM big", "a WITH clause"),
+        ("SELECT id FROM sales WHERE amount > (SELECT amount FROM sales WHERE id = 1)", "a subquery"),
     ],
 )
 def test_other_shapes_are_recomputed_and_the_planner_says_why(planner, sql, reason):

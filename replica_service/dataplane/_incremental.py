@@ -92,10 +92,12 @@ class Binding:
 @dataclass(slots=True)
 class Step:
     """The output's changes at one time (lazy: user columns and `_diff`), and the state
-    change to keep once the caller has used them."""
+    change to keep once the caller has used them; with `whole`, also the whole output
+    at that time (`_diff` 1 on every row)."""
 
     changes: DataFrame
     commit: Callable[[], None]
+    output: DataFrame | None = None
 
 
 class IncrementalDataflow:
@@ -122,14 +124,17 @@ class IncrementalDataflow:
 
     # --- Steps ---------------------------------------------------------------------------
 
-    def step(self, time: int, bindings: Mapping[int, Binding]) -> Step:
+    def step(self, time: int, bindings: Mapping[int, Binding], *, whole: bool = False) -> Step:
         """The changes at `time`. The first step hydrates: every leaf is read whole at
-        `time` (its `new`), and the changes are the whole output."""
+        `time` (its `new`), and the changes are the whole output. `whole` (an aggregate
+        query's only) asks for the whole output too: every group's row, read off the
+        step's accumulators."""
         pre = self._pre(bindings)
         shape = self.plan.aggregate
         if shape is None:
+            assert not whole, "a linear query's whole output is its inputs'"
             return Step(pre, self._mark_hydrated)
-        return self._aggregate_step(time, shape, pre, bindings)
+        return self._aggregate_step(time, shape, pre, bindings, whole)
 
     def _pre(self, bindings: Mapping[int, Binding]) -> DataFrame:
         """The SPJ part's changes: the full plan while hydrating, else the derivative
@@ -159,7 +164,7 @@ class IncrementalDataflow:
             changes = changes.unionAll(term)
         return changes
 
-    def _aggregate_step(self, time: int, shape: AggregateShape, pre: DataFrame, bindings: Mapping[int, Binding]) -> Step:
+    def _aggregate_step(self, time: int, shape: AggregateShape, pre: DataFrame, bindings: Mapping[int, Binding], whole: bool) -> Step:
         """One query: every group's accumulators before and after the change (the state
         and the change's rows, summed per group), of which the touched groups' old (-1)
         and new (+1) values go through the post-aggregate template. The summed table is
@@ -194,19 +199,27 @@ class IncrementalDataflow:
         else:
             top = self._frame(self.plan.ranked).localCheckpoint(eager=False, storageLevel=StorageLevel.DISK_ONLY)
             changes = self._ranked_changes(top)
+        output = None
+        if whole:
+            self._bind(ACC_VIEW, self._sql(self._versions_sql(time, shape, every_group=True)))
+            output = self._frame(shape.post)
+
+        # The next state, planned now: the views it reads are this step's only until
+        # another query (a stage's, a later step's) binds its own.
+        keys = _prefix(", ".join(self._keys))
+        accumulators = ", ".join(f"new_{n} AS {n}" for n in (*self._accumulators, *self._extremes))
+        kept = " WHERE new___n != 0" if self._keys else ""
+        next_acc = self._sql(f"SELECT {keys}{accumulators} FROM __summed{kept}")
+        next_values = {a: self._sql(f"SELECT {keys}__v, new_c AS __c FROM __vsummed{a} WHERE new_c != 0") for a in self._value_arguments}
 
         def commit() -> None:
-            keys = _prefix(", ".join(self._keys))
-            new = ", ".join(f"new_{n} AS {n}" for n in (*self._accumulators, *self._extremes))
-            kept = " WHERE new___n != 0" if self._keys else ""
-            self._acc = self._sql(f"SELECT {keys}{new} FROM __summed{kept}")
-            for a in self._value_arguments:
-                self._values[a] = self._sql(f"SELECT {keys}__v, new_c AS __c FROM __vsummed{a} WHERE new_c != 0")
+            self._acc = next_acc
+            self._values.update(next_values)
             if self.plan.ranked is not None:
                 self._top = top
             self.hydrated = True
 
-        return Step(changes, commit)
+        return Step(changes, commit, output)
 
     def _ranked_changes(self, top: DataFrame) -> DataFrame:
         """The new top rows (+1) and, once hydrated, the old ones (-1)."""

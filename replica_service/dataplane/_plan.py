@@ -12,8 +12,16 @@ limit are ignored: a collection has no order):
   groups"). Ties are broken by every column the sort sees, ascending, so which rows make
   the cut is a function of the rows alone (Spark's own pick among ties depends on the
   order rows arrive in).
-Anything else (outer joins, subqueries, windows, limits over non-aggregates, aggregates
-below joins, ...) raises `NotIncremental` naming the part that cannot be maintained.
+An aggregate (or `DISTINCT`) below the SPJ tree's joins is a *stage*: a leaf whose
+rows are that aggregate's output, maintained as a query of its own, whose changes are
+the leaf's delta. `IN (subquery)` and `EXISTS (subquery)` in a `WHERE` (Spark's
+optimizer rules rewrite them into semi-joins first) are maintained as inner joins with
+a `DISTINCT` stage of the subquery's join keys, when every condition linking the two
+is an equality; a correlated scalar subquery compared in a `WHERE` as an inner join
+with its aggregate, a stage (see `_as_inner_joins`). Anything else (outer joins,
+anti-joins (`NOT IN`, `NOT EXISTS`), uncorrelated scalar subqueries, windows, limits
+over non-aggregates, ...) raises `NotIncremental` naming the part that cannot be
+maintained.
 
 How the plan is kept: the SPJ tree is rewritten once, as Catalyst trees built through
 py4j, so that every row carries its multiplicity (`_diff`): each input occurrence (a
@@ -52,11 +60,16 @@ class NotIncremental(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Leaf:
-    """One occurrence of an input in the query (a self-join has two)."""
+    """One occurrence of an input in the query (a self-join has two), or a *stage*: an
+    aggregate below the query's joins (or under an `IN`/`EXISTS`), maintained as a
+    query of its own (`stage`, whose output columns are `columns`, positionally named
+    `__c<i>`, of Spark types `types`)."""
 
     position: int
-    name: str  # the import's name, as the SQL reads it
+    name: str  # the import's name, as the SQL reads it (a stage's: `__stage<position>`)
     columns: tuple[str, ...]
+    stage: DeltaPlan | None = None
+    types: tuple[str, ...] = ()
 
     @property
     def view(self) -> str:
@@ -107,9 +120,11 @@ class DeltaPlan:
 
 
 # Plan nodes the SPJ part may contain, and how each carries the diff.
-_SPJ_NODES = {"Project", "Filter", "Join", "SubqueryAlias", "Union", "Sort", "View"}
+_SPJ_NODES = {"Project", "Filter", "Join", "SubqueryAlias", "Union", "Sort", "View", "Aggregate", "Distinct"}
+_STAGE_NODES = {"Aggregate", "Distinct"}  # below the top of a query: stages
 _JOIN_TYPES = {"Inner$", "Cross$"}
 _SUBQUERY_EXPRESSIONS = {"ScalarSubquery", "Exists", "ListQuery", "InSubquery", "LateralSubquery"}
+_MAX_SUBQUERY_DEPTH = 8
 _INTEGRAL = {"TINYINT", "SMALLINT", "INT", "BIGINT"}
 _FLOATING = {"FLOAT", "DOUBLE"}
 
@@ -118,7 +133,8 @@ def delta_plan(jsession: Any, analyzed: Any, imports: Mapping[str, str]) -> Delt
     """The delta plan of `analyzed` (a query's analyzed plan in `jsession`, over temp
     views named by the keys of `imports`, lower case, mapping to import names), or
     `NotIncremental`."""
-    return _Builder(Jvm(jsession), imports).build(analyzed)
+    jvm = Jvm(jsession)
+    return _Builder(jvm, imports).build(_as_inner_joins(jvm, analyzed))
 
 
 class _Builder:
@@ -154,9 +170,13 @@ class _Builder:
         name = kind(node)
         if name not in _SPJ_NODES:
             raise NotIncremental(_describe_unsupported(node))
+        if name in _STAGE_NODES:  # a stage: built (and checked) when leaves are collected
+            return
         if name == "View":
             self._leaf_name(node)
             return
+        if name == "Join" and kind(node.joinType()) == "LeftAnti$":
+            raise NotIncremental("an anti-join (NOT IN, NOT EXISTS or LEFT ANTI JOIN)")
         if name == "Join" and kind(node.joinType()) not in _JOIN_TYPES:
             raise NotIncremental(f"{node.joinType().sql().lower()} join (only inner joins are maintained incrementally)")
         if name == "Union" and (node.byName() or node.allowMissingCol()):
@@ -176,6 +196,19 @@ class _Builder:
     def _collect_leaves(self, node: Any) -> list[Leaf]:
         if kind(node) == "View":
             leaf = Leaf(len(self.leaves), self._leaf_name(node), tuple(a.name() for a in items(node.output())))
+            self.leaves.append(leaf)
+            return [leaf]
+        if kind(node) in _STAGE_NODES:
+            stage = _Builder(self.jvm, self.imports).build(node)
+            position = len(self.leaves)
+            outputs = items(node.output())
+            leaf = Leaf(
+                position,
+                f"__stage{position}",
+                tuple(f"__c{i}" for i in range(len(outputs))),
+                stage,
+                tuple(a.dataType().sql() for a in outputs),
+            )
             self.leaves.append(leaf)
             return [leaf]
         found: list[Leaf] = []
@@ -201,12 +234,16 @@ class _Builder:
         positions below it)."""
         jvm = self.jvm
         name = kind(node)
-        if name == "View":
+        if name == "View" or name in _STAGE_NODES:
             position = self._next_leaf
             self._next_leaf += 1
             diff_id = jvm.expressions.NamedExpression.newExprId()
             diff = f"__d{diff_id.id()}"
-            columns = [jvm.alias(jvm.column(a.name()), a.name(), a.exprId()) for a in items(node.output())]
+            # An input's columns keep their names; a stage's are read by position.
+            columns = [
+                jvm.alias(jvm.column(a.name() if name == "View" else f"__c{i}"), a.name(), a.exprId())
+                for i, a in enumerate(items(node.output()))
+            ]
             leaf = jvm.project([*columns, jvm.alias(jvm.column(DIFF), diff, diff_id)], jvm.relation(f"__leaf{position}"))
             return leaf, diff, frozenset([position])
         rewritten = [self._rewrite(child, term) for child in children(node)]
@@ -309,6 +346,154 @@ class _Builder:
         return expression.withNewChildren(jvm.seq(self._substitute(p, grouping, aggregates) for p in parts))
 
 
+def _as_inner_joins(jvm: Jvm, plan: Any) -> Any:
+    """`plan` with its subqueries, semi-joins and null-rejected outer joins as inner
+    joins, where Spark's own optimizer rules and the rewrite below can make them so.
+
+    The rules: correlated conditions are pulled up into their subqueries' joins;
+    `IN (subquery)` and `EXISTS (subquery)` become semi-joins; a correlated scalar
+    subquery becomes an outer join with its aggregate, grouped by the correlated
+    columns; filters are pushed down, and an outer join under a filter that rejects
+    NULLs on its inner side becomes an inner join (`x < (SELECT avg(..) ...)`; not a
+    `COUNT` subquery, which gives 0 for no rows). Each semi-join of L and R on
+    `l1 = r1 AND ...` (plus conditions on one side alone) then becomes L joined with
+    the DISTINCT (r1, ...) of R's rows that pass R's own conditions, projected to L's
+    columns. Exact, multiplicities included: a row of L passes a semi-join once however
+    many rows of R match it, and the distinct keys match it at most once. (An `IN` in
+    a `WHERE` drops a row whose test is NULL, as a join does.) Without a correlation,
+    the distinct rows are one constant row while R has rows: a cross join. What stays
+    an outer or anti-join, or a subquery, is refused by the shape checks."""
+    if not _has_subquery_or_outer_join(plan):
+        return plan
+    rules = jvm.jvm.org.apache.spark.sql.catalyst.optimizer
+    plan = rules.InlineCTE(True, False, False).apply(plan)  # every CTE inlined (alwaysInline)
+    # A subquery's own subqueries join the tree when it does, and their correlations are
+    # pulled up only then (Spark's optimizer does it subquery by subquery): a rewrite
+    # before that leaves `outer()` references, which the shape checks refuse.
+    for _ in range(_MAX_SUBQUERY_DEPTH):
+        before = plan
+        for rule in ("PullupCorrelatedPredicates", "RewritePredicateSubquery", "PullupCorrelatedPredicates", "RewriteCorrelatedScalarSubquery"):
+            plan = getattr(rules, rule).apply(plan)
+        if plan.fastEquals(before):
+            break
+    for rule in ("PushDownPredicates", "EliminateOuterJoin"):
+        plan = getattr(rules, rule).apply(plan)
+    return _inner_joins(jvm, plan)
+
+
+def _has_subquery_or_outer_join(plan: Any) -> bool:
+    nodes = [plan]
+    while nodes:
+        node = nodes.pop()
+        if kind(node) == "WithCTE" or (kind(node) == "Join" and kind(node.joinType()) not in _JOIN_TYPES):
+            return True
+        expressions = items(node.expressions())
+        while expressions:
+            expression = expressions.pop()
+            if kind(expression) in _SUBQUERY_EXPRESSIONS:
+                return True
+            expressions.extend(children(expression))
+        nodes.extend(children(node))
+    return False
+
+
+def _inner_joins(jvm: Jvm, node: Any) -> Any:
+    """`node` with every semi-join and one-row scalar subquery below it as an inner join
+    (see `_as_inner_joins`)."""
+    below = children(node)
+    if below:
+        node = node.withNewChildren(jvm.seq(_inner_joins(jvm, child) for child in below))
+    if kind(node) in ("Filter", "Project"):
+        return _scalars_joined(jvm, node)
+    if kind(node) != "Join":
+        return node
+    join_type = kind(node.joinType())
+    if join_type == "ExistenceJoin":
+        raise NotIncremental("IN or EXISTS (subquery) under OR or NOT, or outside a WHERE")
+    if join_type != "LeftSemi$":
+        return node
+    left, right = node.left(), node.right()
+    on_left, on_right, keys = [], [], []
+    condition = option(node.condition())
+    for conjunct in _conjuncts(condition) if condition is not None else []:
+        references = conjunct.references()
+        if references.subsetOf(left.outputSet()):
+            on_left.append(conjunct)
+        elif references.subsetOf(right.outputSet()):
+            on_right.append(conjunct)
+        elif kind(conjunct) == "EqualTo" and _sides(conjunct, left, right) is not None:
+            keys.append(_sides(conjunct, left, right))
+        else:
+            raise NotIncremental(
+                f"a subquery or semi-join linked by {conjunct.sql()} (only equalities are maintained incrementally)"
+            )
+    expressions = jvm.expressions
+    if on_right:
+        right = jvm.filter(_conjunction(jvm, on_right), right)
+    distinct = [jvm.alias(r, f"__sk{i}") for i, (_, r) in enumerate(keys)] or [jvm.alias(jvm.expression("true"), "__sk0")]
+    linked = [expressions.EqualTo(l, key.toAttribute()) for (l, _), key in zip(keys, distinct)]
+    inner = getattr(getattr(jvm.jvm.org.apache.spark.sql.catalyst.plans, "Inner$"), "MODULE$")
+    condition = jvm.jvm.scala.Option.apply(_conjunction(jvm, [*on_left, *linked]) if on_left or linked else None)
+    join = jvm.logical.Join(left, jvm.logical.Distinct(jvm.project(distinct, right)), inner, condition, node.hint())
+    return jvm.project(items(node.output()), join)
+
+
+def _scalars_joined(jvm: Jvm, node: Any) -> Any:
+    """The Filter or Project `node` with each uncorrelated scalar subquery over a global
+    aggregate read off a cross join with that aggregate, projected to `node`'s columns."""
+    scalars: list[Any] = []
+    expressions = [_scalars_replaced(jvm, e, scalars) for e in items(node.expressions())]
+    if not scalars:
+        return node
+    joined = node.child()
+    for scalar in scalars:
+        joined = jvm.logical.Join(joined, scalar.plan(), getattr(getattr(jvm.jvm.org.apache.spark.sql.catalyst.plans, "Inner$"), "MODULE$"), jvm.jvm.scala.Option.empty(), jvm.logical.JoinHint.NONE())
+    if kind(node) == "Project":
+        return jvm.project(expressions, joined)
+    return jvm.project(items(node.output()), jvm.filter(expressions[0], joined))
+
+
+def _scalars_replaced(jvm: Jvm, expression: Any, scalars: list[Any]) -> Any:
+    """`expression` with each one-row scalar subquery replaced by its plan's column
+    (the subqueries found appended to `scalars`)."""
+    if kind(expression) == "ScalarSubquery" and items(expression.outerAttrs()) == [] and _one_row(expression.plan()):
+        scalars.append(expression)
+        return expression.plan().output().apply(0)
+    parts = children(expression)
+    if not parts:
+        return expression
+    return expression.withNewChildren(jvm.seq(_scalars_replaced(jvm, part, scalars) for part in parts))
+
+
+def _one_row(plan: Any) -> bool:
+    """True when `plan` always has exactly one row: projections of a global aggregate."""
+    while kind(plan) in ("Project", "SubqueryAlias"):
+        plan = plan.child()
+    return kind(plan) == "Aggregate" and plan.groupingExpressions().isEmpty()
+
+
+def _conjuncts(condition: Any) -> list[Any]:
+    if kind(condition) == "And":
+        return _conjuncts(condition.left()) + _conjuncts(condition.right())
+    return [condition]
+
+
+def _conjunction(jvm: Jvm, conditions: list[Any]) -> Any:
+    result = conditions[0]
+    for condition in conditions[1:]:
+        result = jvm.expressions.And(result, condition)
+    return result
+
+
+def _sides(equality: Any, left: Any, right: Any) -> tuple[Any, Any] | None:
+    """(the left side's expression, the right side's) of an equality linking the two."""
+    a, b = equality.left(), equality.right()
+    for l, r in ((a, b), (b, a)):
+        if l.references().subsetOf(left.outputSet()) and r.references().subsetOf(right.outputSet()):
+            return l, r
+    return None
+
+
 def _strip_chain(plan: Any) -> tuple[list[Any], Any]:
     """The Projects, Filters and aliases above the first other node (Sorts dropped), and
     that node."""
@@ -346,8 +531,6 @@ def _ranked_aggregate(plan: Any) -> Any:
 def _describe_unsupported(node: Any) -> str:
     name = kind(node)
     reasons = {
-        "Aggregate": "an aggregate below a join, a union or another aggregate",
-        "Distinct": "DISTINCT below a join, a union or an aggregate",
         "GlobalLimit": "LIMIT",
         "LocalLimit": "LIMIT",
         "Offset": "OFFSET",
@@ -369,6 +552,8 @@ def _check_expression(expression: Any) -> None:
         name = kind(node)
         if name in _SUBQUERY_EXPRESSIONS:
             raise NotIncremental(f"a subquery ({node.sql()})")
+        if name == "OuterReference":  # left by a correlation the rewrite did not join
+            raise NotIncremental(f"a correlated subquery ({node.sql()})")
         if name == "WindowExpression":
             raise NotIncremental("a window function")
         stack.extend(children(node))
