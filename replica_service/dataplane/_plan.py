@@ -18,9 +18,10 @@ the leaf's delta. `IN (subquery)` and `EXISTS (subquery)` in a `WHERE` (Spark's
 optimizer rules rewrite them into semi-joins first) are maintained as inner joins with
 a `DISTINCT` stage of the subquery's join keys, when every condition linking the two
 is an equality; a correlated scalar subquery compared in a `WHERE` as an inner join
-with its aggregate, a stage (see `_as_inner_joins`). Anything else (outer joins,
-anti-joins (`NOT IN`, `NOT EXISTS`), uncorrelated scalar subqueries, windows, limits
-over non-aggregates, ...) raises `NotIncremental` naming the part that cannot be
+with its aggregate, and a scalar subquery over a global aggregate as a cross join with
+it, both stages (see `_as_inner_joins`). Anything else (outer joins, anti-joins
+(`NOT IN`, `NOT EXISTS`), other scalar subqueries, windows, limits over
+non-aggregates, ...) raises `NotIncremental` naming the part that cannot be
 maintained.
 
 How the plan is kept: the SPJ tree is rewritten once, as Catalyst trees built through
@@ -432,9 +433,8 @@ def _inner_joins(jvm: Jvm, node: Any) -> Any:
         right = jvm.filter(_conjunction(jvm, on_right), right)
     distinct = [jvm.alias(r, f"__sk{i}") for i, (_, r) in enumerate(keys)] or [jvm.alias(jvm.expression("true"), "__sk0")]
     linked = [expressions.EqualTo(l, key.toAttribute()) for (l, _), key in zip(keys, distinct)]
-    inner = getattr(getattr(jvm.jvm.org.apache.spark.sql.catalyst.plans, "Inner$"), "MODULE$")
     condition = jvm.jvm.scala.Option.apply(_conjunction(jvm, [*on_left, *linked]) if on_left or linked else None)
-    join = jvm.logical.Join(left, jvm.logical.Distinct(jvm.project(distinct, right)), inner, condition, node.hint())
+    join = jvm.logical.Join(left, jvm.logical.Distinct(jvm.project(distinct, right)), _inner(jvm), condition, node.hint())
     return jvm.project(items(node.output()), join)
 
 
@@ -447,7 +447,7 @@ def _scalars_joined(jvm: Jvm, node: Any) -> Any:
         return node
     joined = node.child()
     for scalar in scalars:
-        joined = jvm.logical.Join(joined, scalar.plan(), getattr(getattr(jvm.jvm.org.apache.spark.sql.catalyst.plans, "Inner$"), "MODULE$"), jvm.jvm.scala.Option.empty(), jvm.logical.JoinHint.NONE())
+        joined = jvm.logical.Join(joined, scalar.plan(), _inner(jvm), jvm.jvm.scala.Option.empty(), jvm.logical.JoinHint.NONE())
     if kind(node) == "Project":
         return jvm.project(expressions, joined)
     return jvm.project(items(node.output()), jvm.filter(expressions[0], joined))
@@ -470,6 +470,11 @@ def _one_row(plan: Any) -> bool:
     while kind(plan) in ("Project", "SubqueryAlias"):
         plan = plan.child()
     return kind(plan) == "Aggregate" and plan.groupingExpressions().isEmpty()
+
+
+def _inner(jvm: Jvm) -> Any:
+    """Catalyst's inner join type."""
+    return getattr(getattr(jvm.jvm.org.apache.spark.sql.catalyst.plans, "Inner$"), "MODULE$")
 
 
 def _conjuncts(condition: Any) -> list[Any]:
