@@ -351,9 +351,12 @@ class _Stage:
 
             return Binding(lambda: rows, lambda: rows, None), unchanged
         step, commit = query._step(time, bindings, bound, commits, whole=True)
-        # Both read the step's accumulators, which are checkpointed as they are computed.
         columns = [*self.leaf.columns, DIFF]
-        delta = _consolidated(step.changes.toDF(*columns))
+        # Computed now: that materializes the stage's accumulators (checkpointed as they
+        # are computed), which its next state and its output read, whatever the query's
+        # own plan skips; and an empty change (a DISTINCT key that stays) costs the
+        # query no term.
+        delta = _consolidated(step.changes.toDF(*columns)).localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY)
         new = step.output.toDF(*columns)
         old = self.rows if self.rows is not None else new.limit(0)
 
@@ -361,7 +364,8 @@ class _Stage:
             commit()
             self.rows = new
 
-        return Binding(lambda: new, lambda: old, lambda: delta), commit_stage
+        changed = self.rows is None or not delta.isEmpty()
+        return Binding(lambda: new, lambda: old, (lambda: delta) if changed else None), commit_stage
 
 
 # --- Helpers -------------------------------------------------------------------------

@@ -47,6 +47,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
+from py4j.protocol import Py4JError
+from pyspark.errors.exceptions.captured import CapturedException
+
 from replica_service.dataplane._jvm import Jvm, children, items, kind, option
 
 DIFF = "_diff"  # the multiplicity column of storage updates and of every delta
@@ -135,7 +138,11 @@ def delta_plan(jsession: Any, analyzed: Any, imports: Mapping[str, str]) -> Delt
     views named by the keys of `imports`, lower case, mapping to import names), or
     `NotIncremental`."""
     jvm = Jvm(jsession)
-    return _Builder(jvm, imports).build(_as_inner_joins(jvm, analyzed))
+    try:
+        rewritten = _as_inner_joins(jvm, analyzed)
+    except (CapturedException, Py4JError) as error:  # a rule refused the plan: recompute it
+        raise NotIncremental(f"its subqueries could not be rewritten as joins ({str(error).splitlines()[0]})") from None
+    return _Builder(jvm, imports).build(rewritten)
 
 
 class _Builder:
@@ -457,7 +464,8 @@ def _scalars_replaced(jvm: Jvm, expression: Any, scalars: list[Any]) -> Any:
     """`expression` with each one-row scalar subquery replaced by its plan's column
     (the subqueries found appended to `scalars`)."""
     if kind(expression) == "ScalarSubquery" and items(expression.outerAttrs()) == [] and _one_row(expression.plan()):
-        scalars.append(expression)
+        if not any(known.exprId().equals(expression.exprId()) for known in scalars):  # joined once
+            scalars.append(expression)
         return expression.plan().output().apply(0)
     parts = children(expression)
     if not parts:
