@@ -76,6 +76,8 @@ SHAPES = {
     "cte_max": "WITH r AS (SELECT k, sum(n) AS s FROM t GROUP BY k) SELECT k, s FROM r WHERE s = (SELECT max(s) FROM r)",
     "scalar_having": "SELECT k, sum(q) AS s FROM t GROUP BY k HAVING sum(q) > (SELECT sum(y) FROM u) / 10",
     "scalar_projection": "SELECT id, n * (SELECT count(*) FROM u) AS m FROM t",
+    "in_pairs": "SELECT id, k, n FROM t WHERE (id, n) IN (SELECT id, y FROM u)",
+    "exists_pairs": "SELECT id, k FROM t WHERE EXISTS (SELECT * FROM u WHERE u.id = t.id AND u.y = t.n AND t.n >= 0)",
     "nested": "SELECT id, k FROM t WHERE id IN (SELECT u.id FROM u WHERE u.y > (SELECT sum(b.n) FROM t b WHERE b.id = u.id))",
     "in_aggregate": "SELECT t.k, sum(t.q) AS s, count(*) AS c FROM t WHERE t.id IN (SELECT id FROM u GROUP BY id HAVING count(*) > 1) GROUP BY t.k",
 }
@@ -132,7 +134,7 @@ values_x = st.sampled_from([0.1, 0.2, -2.5, 3.0, 1e10, 1e-9, 0.0, -0.0, None])
 values_q = st.sampled_from([Decimal("1.10"), Decimal("-2.05"), Decimal("0.00"), Decimal("99999999.99"), None])
 values_n = st.sampled_from([0, 1, 2, -3, None])
 t_rows = st.fixed_dictionaries({"id": st.integers(0, 6), "k": values_k, "x": values_x, "q": values_q, "n": values_n})
-u_rows = st.fixed_dictionaries({"id": st.integers(0, 6), "y": st.sampled_from([0, 1, 2, 3, None]), "z": st.sampled_from(["p", "q", None])})
+u_rows = st.fixed_dictionaries({"id": st.sampled_from([0, 1, 2, 3, 4, 5, 6, None]), "y": st.sampled_from([0, 1, 2, 3, None]), "z": st.sampled_from(["p", "q", None])})
 
 
 @st.composite
