@@ -1,7 +1,8 @@
 """Computing one dataflow's versions on Spark: the two strategies behind one interface.
 
 `maintainer(...)` builds, for a dataflow description, either
-- `Incremental`: the delta plan (`_plan`) and its state (`_incremental`); a step reads
+- `Incremental`: the delta plan (`_plan`), its state (`_incremental`) and its stages
+  (`_Stage`: aggregates below its joins, each an `Incremental` of its own); a step reads
   the inputs' changes (and, for joins, the other inputs' current updates) and yields the
   output's changes; or
 - `Recompute`: the dataflow's SQL over whole snapshots of its inputs at every step.
