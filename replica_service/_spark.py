@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import socket
+import subprocess
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -168,11 +169,16 @@ def jvm_alive() -> bool:
     return process is None or process.poll() is None
 
 
-def jvm_exit_cause() -> str:
-    """Why this process's JVM is gone, as far as its exit code tells."""
+def jvm_exit_cause(grace_s: float = 15.0) -> str:
+    """Why this process's JVM is gone, as far as its exit code tells. The gateway's socket
+    breaks before a dying JVM has exited (it is still writing its heap's last words on a
+    loaded machine), so wait up to `grace_s` for the exit code before calling it hung."""
     process = getattr(SparkContext._gateway, "proc", None)
-    code = process.poll() if process is not None else None
-    if code is None:
+    if process is None:
+        return "the JVM stopped answering"
+    try:
+        code = process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
         return "the JVM stopped answering"
     return _JVM_EXIT_CODES.get(code, f"the JVM exited with code {code}")
 
