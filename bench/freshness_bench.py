@@ -3,7 +3,7 @@ Spark Structured Streaming peer, against source size; and TPC-H after a change.
 
     .venv/bin/python bench/freshness_bench.py [--sizes 10000,100000,1000000,10000000]
         [--appends 10] [--only shapes|streaming|tpch] [--strategies incremental,recompute]
-        [--shapes abc] [--tpch-sf 0.1] [--tpch-queries q1,q3,...]
+        [--shapes abc] [--tpch-sf 0.1] [--tpch-queries q1,q3,...] [--tpch-strategies auto,recompute]
 
 Shapes, on one `small` replica (local[2], 1 GB), over a source `sales` (id, one of 100
 regions, amount) of each size and a dimension `regions` (100 rows: region -> one of 10
@@ -26,6 +26,8 @@ the end of the micro-batch that read it.
 TPC-H: the 22 standard queries (or those `--tpch-queries` names) at `--tpch-sf` on two
 `small` replicas, each as a dataflow with an index; after a 1,000-row change to
 `lineitem` (half retractions), the time until each answers at the change's timestamp.
+`--tpch-strategies auto,recompute` runs the whole of it twice, once with every query
+forced to recompute, and prints the two side by side.
 """
 
 from __future__ import annotations
@@ -170,10 +172,10 @@ def streaming(root: Path, rows: int, appends: int) -> list[float]:
     return samples
 
 
-def tpch(root: Path, sf: float, names: list[str]) -> list[tuple[str, str, float, bool]]:
+def tpch(root: Path, sf: float, names: list[str], strategy: str = "auto") -> list[tuple[str, str, float, bool]]:
     """(query, strategy, seconds from the lineitem change to its answer at that time,
     whether that answer is Spark's over the changed tables), for the TPC-H queries
-    `names`."""
+    `names`, each created with `strategy`."""
     import tpch as benchmark
 
     queries = {name: benchmark.QUERIES[name] for name in names}
@@ -186,7 +188,7 @@ def tpch(root: Path, sf: float, names: list[str]) -> list[tuple[str, str, float,
         loaded = max(benchmark.load(client, tables).values())
         strategies = {}
         for name, sql in queries.items():
-            view = client.create_dataflow("tpch", name, sql, index_key=[])
+            view = client.create_dataflow("tpch", name, sql, index_key=[], strategy=strategy)
             strategies[name] = view.strategy
             log(f"{name}: {view.strategy}")
         started = time.monotonic()
@@ -233,6 +235,7 @@ def main() -> None:
     parser.add_argument("--shapes", default="abc", help="which shapes run, together (a alone: the like-for-like peer of Structured Streaming)")
     parser.add_argument("--tpch-sf", type=float, default=0.1)
     parser.add_argument("--tpch-queries", default=",".join(f"q{i}" for i in range(1, 23)))
+    parser.add_argument("--tpch-strategies", default="auto", help="auto,recompute: both, one after the other, side by side")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     table = {}
@@ -265,19 +268,24 @@ def main() -> None:
                     speedup = pct(table[rows]["recompute"][shape], 50) / pct(table[rows]["incremental"][shape], 50)
                     print(f"({shape}) at {rows:,}: recompute / incremental p50 = {speedup:.1f}x")
     if args.only in (None, "tpch"):
-        with tempfile.TemporaryDirectory(prefix="tandem-tpch-") as root:
-            answers = tpch(Path(root), args.tpch_sf, args.tpch_queries.split(","))
+        runs = {}
+        for strategy in args.tpch_strategies.split(","):
+            with tempfile.TemporaryDirectory(prefix="tandem-tpch-") as root:
+                runs[strategy] = tpch(Path(root), args.tpch_sf, args.tpch_queries.split(","), strategy)
         print(f"\n## TPC-H SF {args.tpch_sf}, two small replicas: a 1,000-row lineitem change to every answer\n")
-        print("| query | strategy | seconds | answer is Spark's |")
-        print("|---|---|---|---|")
-        for name, strategy, seconds, same in answers:
-            print(f"| {name} | {strategy} | {seconds:.1f} | {'yes' if same else 'NO'} |")
-        incremental = [s for _, strategy, s, _ in answers if strategy == "incremental"]
-        print(
-            f"\nthe {len(incremental)} incremental ones reflect it after {max(incremental, default=0):.1f} s; "
-            f"all {len(answers)} after {max(s for _, _, s, _ in answers):.1f} s; "
-            f"{sum(same for *_, same in answers)} of {len(answers)} answers are Spark's"
-        )
+        print(f"| query | strategy | {' | '.join(f'seconds ({s})' for s in runs)} | answer is Spark's |")
+        print(f"|---|---|{'---|' * len(runs)}---|")
+        first = next(iter(runs.values()))
+        for i, (name, strategy, _, _) in enumerate(first):
+            same = all(answers[i][3] for answers in runs.values())
+            print(f"| {name} | {strategy} | {' | '.join(f'{answers[i][2]:.1f}' for answers in runs.values())} | {'yes' if same else 'NO'} |")
+        for run, answers in runs.items():
+            incremental = [s for _, strategy, s, _ in answers if strategy == "incremental"]
+            print(
+                f"\n{run}: the {len(incremental)} incremental ones reflect it after {max(incremental, default=0):.1f} s; "
+                f"all {len(answers)} after {max(s for _, _, s, _ in answers):.1f} s; "
+                f"{sum(same for *_, same in answers)} of {len(answers)} answers are Spark's"
+            )
 
 
 if __name__ == "__main__":

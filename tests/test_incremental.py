@@ -81,6 +81,13 @@ SHAPES = {
     "in_pairs": "SELECT id, k, n FROM t WHERE (id, n) IN (SELECT id, y FROM u)",
     "exists_pairs": "SELECT id, k FROM t WHERE EXISTS (SELECT * FROM u WHERE u.id = t.id AND u.y = t.n AND t.n >= 0)",
     "nested": "SELECT id, k FROM t WHERE id IN (SELECT u.id FROM u WHERE u.y > (SELECT sum(b.n) FROM t b WHERE b.id = u.id))",
+    # Anti-joins: L less its rows with a match; and a match on another value (`<>`).
+    "not_exists": "SELECT id, k, n FROM t WHERE NOT EXISTS (SELECT * FROM u WHERE u.id = t.id AND u.y > 0)",
+    "exists_other": "SELECT id, k FROM t a WHERE EXISTS (SELECT * FROM t b WHERE b.id = a.id AND b.k <> a.k)",
+    "not_exists_other": (
+        "SELECT k, count(*) AS c, sum(q) AS s FROM t a "
+        "WHERE NOT EXISTS (SELECT * FROM t b WHERE b.id = a.id AND b.n <> a.n AND b.x > 0) GROUP BY k"
+    ),
     "in_aggregate": "SELECT t.k, sum(t.q) AS s, count(*) AS c FROM t WHERE t.id IN (SELECT id FROM u GROUP BY id HAVING count(*) > 1) GROUP BY t.k",
 }
 
@@ -100,7 +107,8 @@ DOWNSTREAMS = {
 
 NOT_INCREMENTAL = {
     "SELECT t.id, u.y FROM t LEFT JOIN u ON t.id = u.id": "left outer join",
-    "SELECT id FROM t WHERE id NOT IN (SELECT id FROM u)": "an anti-join",
+    "SELECT id FROM t WHERE id NOT IN (SELECT id FROM u)": "NOT IN \\(subquery\\), a null-aware anti-join",
+    "SELECT id FROM t a WHERE EXISTS (SELECT * FROM t b WHERE b.id = a.id AND b.k <> a.k AND b.n <> a.n)": "one <>",
     "SELECT id FROM t a WHERE EXISTS (SELECT * FROM t b WHERE b.k = a.k AND b.n > a.n)": "only equalities",
     "SELECT id FROM t WHERE id IN (SELECT id FROM u) OR n > 0": "under OR",
     "SELECT id FROM t WHERE n = (SELECT count(*) FROM u WHERE u.id = t.id)": "left outer join",

@@ -495,6 +495,8 @@ def test_bad_input_tables(planner, tables, expected):
         "SELECT name FROM regions r WHERE EXISTS (SELECT * FROM sales s WHERE s.region = r.region AND s.amount > 5)",
         "SELECT id FROM sales s WHERE amount > (SELECT avg(amount) FROM sales t WHERE t.region = s.region)",
         "SELECT r.name, t.total FROM (SELECT region, sum(amount) AS total FROM sales GROUP BY region) t JOIN regions r ON t.region = r.region",
+        "SELECT name FROM regions r WHERE NOT EXISTS (SELECT * FROM sales s WHERE s.region = r.region)",
+        "SELECT id FROM sales s WHERE EXISTS (SELECT * FROM sales t WHERE t.region = s.region AND t.id <> s.id)",
     ],
 )
 def test_maintainable_shapes_are_incremental(planner, sql):
@@ -505,7 +507,7 @@ def test_maintainable_shapes_are_incremental(planner, sql):
     ("sql", "reason"),
     [
         ("SELECT s.id, r.name FROM sales s LEFT JOIN regions r ON s.region = r.region", "left outer join"),
-        ("SELECT id FROM sales WHERE region NOT IN (SELECT region FROM regions)", "an anti-join (NOT IN, NOT EXISTS"),
+        ("SELECT id FROM sales WHERE region NOT IN (SELECT region FROM regions)", "NOT IN (subquery), a null-aware anti-join"),
         ("SELECT id FROM sales s WHERE id = (SELECT count(*) FROM regions r WHERE r.region = s.region)", "left outer join"),
         ("SELECT id, rank() OVER (ORDER BY amount) AS r FROM sales", "a window function"),
         ("SELECT id FROM sales ORDER BY amount LIMIT 10", "LIMIT over rows that are not an aggregate's"),

@@ -209,7 +209,7 @@ class Incremental(Maintainer):
     def __init__(self, desc: DataflowDescription, plan: DeltaPlan, session: SparkSession, inputs: Mapping[str, Input]) -> None:
         self.desc, self.plan, self.session, self.inputs = desc, plan, session, inputs
         self.state = IncrementalDataflow(plan, session, desc.name)
-        self.stages = {leaf.position: _Stage(desc, leaf, session, inputs) for leaf in plan.leaves if leaf.stage is not None}
+        self.stages = _stages(desc, plan, session, inputs)
         self.last_time: int | None = None
         # The index version each index leaf was last bound to as "new": the next step's
         # "old" (the upstream may have compacted it away since).
@@ -256,12 +256,12 @@ class Incremental(Maintainer):
     def unchanged_through(self, time: int) -> None:
         if self.last_time is not None:
             self.last_time = max(self.last_time, time)
-        for stage in self.stages.values():
+        for stage in set(self.stages.values()):
             stage.query.unchanged_through(time)
 
     def restore(self, time: int) -> None:
         self.state = IncrementalDataflow(self.plan, self.session, self.desc.name)
-        self.stages = {p: _Stage(self.desc, stage.leaf, self.session, self.inputs) for p, stage in self.stages.items()}
+        self.stages = _stages(self.desc, self.plan, self.session, self.inputs)
         self.last_time, self._bound = None, {}
         self.changes(time)[1]()  # the state is computed eagerly: no output needed
 
@@ -286,10 +286,14 @@ class Incremental(Maintainer):
         the commits of the stages stepped for it (a stage's step is planned here, before
         this query binds its own views)."""
         bindings, bound, commits = {}, {}, []
+        stepped: dict[_Stage, Binding] = {}  # a stage read by several leaves steps once
         for leaf in self.plan.leaves:
             if leaf.stage is not None:
-                bindings[leaf.position], commit = self.stages[leaf.position].binding(time)
-                commits.append(commit)
+                stage = self.stages[leaf.position]
+                if stage not in stepped:
+                    stepped[stage], commit = stage.binding(time)
+                    commits.append(commit)
+                bindings[leaf.position] = stepped[stage]
                 continue
             source = self.inputs[leaf.name]
             if isinstance(source, StorageReader):
@@ -324,6 +328,16 @@ class Incremental(Maintainer):
             delta if old is not new else None,
         )
         return binding, new
+
+
+def _stages(desc: DataflowDescription, plan: DeltaPlan, session: SparkSession, inputs: Mapping[str, Input]) -> dict[int, _Stage]:
+    """The stage of each stage leaf, by position: one per distinct stage plan."""
+    stages: dict[int, _Stage] = {}
+    for leaf in plan.leaves:
+        if leaf.stage is not None:
+            shared = next((s for s in stages.values() if s.leaf.stage is leaf.stage), None)
+            stages[leaf.position] = shared or _Stage(desc, leaf, session, inputs)
+    return stages
 
 
 class _Stage:

@@ -19,8 +19,10 @@ optimizer rules rewrite them into semi-joins first) are maintained as inner join
 a `DISTINCT` stage of the subquery's join keys, when every condition linking the two
 is an equality; a correlated scalar subquery compared in a `WHERE` as an inner join
 with its aggregate, and a scalar subquery over a global aggregate as a cross join with
-it, both stages (see `_as_inner_joins`). Anything else (outer joins, anti-joins
-(`NOT IN`, `NOT EXISTS`), other scalar subqueries, windows, limits over
+it, both stages (see `_as_inner_joins`). One `<>` beside the equalities joins a stage of
+the column's least and greatest value per key instead (`_semi_join`); `NOT EXISTS` is
+the rows of its left side less those with a match (a branch of negated multiplicity).
+Anything else (outer joins, `NOT IN`, other scalar subqueries, windows, limits over
 non-aggregates, ...) raises `NotIncremental` naming the part that cannot be
 maintained.
 
@@ -129,6 +131,7 @@ _STAGE_NODES = {"Aggregate", "Distinct"}  # below the top of a query: stages
 _JOIN_TYPES = {"Inner$", "Cross$"}
 _SUBQUERY_EXPRESSIONS = {"ScalarSubquery", "Exists", "ListQuery", "InSubquery", "LateralSubquery"}
 _MAX_SUBQUERY_DEPTH = 8
+NEGATED = "__negated"  # a SubqueryAlias of this name: its rows count negatively (an anti-join's)
 _INTEGRAL = {"TINYINT", "SMALLINT", "INT", "BIGINT"}
 _FLOATING = {"FLOAT", "DOUBLE"}
 
@@ -151,6 +154,7 @@ class _Builder:
         self.imports = imports
         self.leaves: list[Leaf] = []  # in the order `_rewrite` numbers them (depth first)
         self._next_leaf = 0
+        self._stages: list[tuple[Any, DeltaPlan]] = []  # (aggregate node, its plan): one per distinct aggregate
 
     def build(self, analyzed: Any) -> DeltaPlan:
         output = [a.name() for a in items(analyzed.output())]
@@ -183,8 +187,6 @@ class _Builder:
         if name == "View":
             self._leaf_name(node)
             return
-        if name == "Join" and kind(node.joinType()) == "LeftAnti$":
-            raise NotIncremental("an anti-join (NOT IN, NOT EXISTS or LEFT ANTI JOIN)")
         if name == "Join" and kind(node.joinType()) not in _JOIN_TYPES:
             raise NotIncremental(f"{node.joinType().sql().lower()} join (only inner joins are maintained incrementally)")
         if name == "Union" and (node.byName() or node.allowMissingCol()):
@@ -207,7 +209,12 @@ class _Builder:
             self.leaves.append(leaf)
             return [leaf]
         if kind(node) in _STAGE_NODES:
-            stage = _Builder(self.jvm, self.imports).build(node)
+            # The same aggregate twice (an anti-join reads its left side twice) is one
+            # stage: leaves sharing a plan share its state and its step.
+            stage = next((plan for known, plan in self._stages if node.sameResult(known)), None)
+            if stage is None:
+                stage = _Builder(self.jvm, self.imports).build(node)
+                self._stages.append((node, stage))
             position = len(self.leaves)
             outputs = items(node.output())
             leaf = Leaf(
@@ -273,6 +280,11 @@ class _Builder:
             diff = f"__d{diff_id.id()}"
             product = jvm.alias(jvm.expression(f"`{left}` * `{right}`"), diff, diff_id)
             return jvm.project([*items(node.output()), product], new), diff, leaves
+        if name == "SubqueryAlias" and node.alias() == NEGATED:
+            diff_id = jvm.expressions.NamedExpression.newExprId()
+            diff = f"__d{diff_id.id()}"
+            negated = jvm.alias(jvm.expression(f"-`{rewritten[0][1]}`"), diff, diff_id)
+            return jvm.project([*items(node.output()), negated], new), diff, leaves
         return new, rewritten[0][1], leaves  # Filter, SubqueryAlias: the diff passes through
 
     # --- Aggregates ----------------------------------------------------------------------
@@ -369,8 +381,10 @@ def _as_inner_joins(jvm: Jvm, plan: Any) -> Any:
     columns. Exact, multiplicities included: a row of L passes a semi-join once however
     many rows of R match it, and the distinct keys match it at most once. (An `IN` in
     a `WHERE` drops a row whose test is NULL, as a join does.) Without a correlation,
-    the distinct rows are one constant row while R has rows: a cross join. What stays
-    an outer or anti-join, or a subquery, is refused by the shape checks."""
+    the distinct rows are one constant row while R has rows: a cross join. An
+    anti-join (`NOT EXISTS`) becomes L plus the semi-join's rows counted negatively.
+    What stays an outer join, a null-aware anti-join (`NOT IN`) or a subquery is
+    refused by the shape checks."""
     if not _has_subquery_or_outer_join(plan):
         return plan
     rules = jvm.jvm.org.apache.spark.sql.catalyst.optimizer
@@ -418,10 +432,27 @@ def _inner_joins(jvm: Jvm, node: Any) -> Any:
     join_type = kind(node.joinType())
     if join_type == "ExistenceJoin":
         raise NotIncremental("IN or EXISTS (subquery) under OR or NOT, or outside a WHERE")
-    if join_type != "LeftSemi$":
-        return node
+    if join_type == "LeftSemi$":
+        return _semi_join(jvm, node)
+    if join_type == "LeftAnti$":
+        # The rows of L without a match are L less those with one: L, and the semi-join's
+        # rows counted negatively (`_rewrite` negates the diff under NEGATED).
+        matched = getattr(getattr(jvm.logical, "SubqueryAlias$"), "MODULE$").apply(NEGATED, _semi_join(jvm, node, anti=True))
+        return jvm.logical.Union(jvm.seq([node.left(), matched]), False, False)
+    return node
+
+
+def _semi_join(jvm: Jvm, node: Any, *, anti: bool = False) -> Any:
+    """The rows of the semi-join (or anti-join) `node`'s left side L that have a match in
+    its right side R, as an inner join (see `_as_inner_joins`).
+
+    With equalities only, L joins the DISTINCT keys of R. One condition `l <> r` more
+    (TPC-H q21: another supplier of the same order) is answered by R's least and
+    greatest `r` per key instead: some row of the key has an `r` other than a non-NULL
+    `l` exactly when the least or the greatest differs from it (both ignore NULLs, as
+    `<>` does)."""
     left, right = node.left(), node.right()
-    on_left, on_right, keys = [], [], []
+    on_left, on_right, keys, other = [], [], [], None
     condition = option(node.condition())
     for conjunct in _conjuncts(condition) if condition is not None else []:
         references = conjunct.references()
@@ -431,18 +462,40 @@ def _inner_joins(jvm: Jvm, node: Any) -> Any:
             on_right.append(conjunct)
         elif kind(conjunct) == "EqualTo" and _sides(conjunct, left, right) is not None:
             keys.append(_sides(conjunct, left, right))
+        elif other is None and kind(conjunct) == "Not" and kind(conjunct.child()) == "EqualTo" and _sides(conjunct.child(), left, right) is not None:
+            other = _sides(conjunct.child(), left, right)
+        elif anti and kind(conjunct) == "Or":  # `l = r OR isnull(l = r)`
+            raise NotIncremental("NOT IN (subquery), a null-aware anti-join (NOT EXISTS is maintained incrementally)")
         else:
             raise NotIncremental(
-                f"a subquery or semi-join linked by {conjunct.sql()} (only equalities are maintained incrementally)"
+                f"a subquery or semi-join linked by {conjunct.sql()} (only equalities, and one <>, are maintained incrementally)"
             )
     expressions = jvm.expressions
     if on_right:
         right = jvm.filter(_conjunction(jvm, on_right), right)
-    distinct = [jvm.alias(r, f"__sk{i}") for i, (_, r) in enumerate(keys)] or [jvm.alias(jvm.expression("true"), "__sk0")]
-    linked = [expressions.EqualTo(l, key.toAttribute()) for (l, _), key in zip(keys, distinct)]
+    grouping = [jvm.alias(r, f"__sk{i}") for i, (_, r) in enumerate(keys)] or [jvm.alias(jvm.expression("true"), "__sk0")]
+    linked = [expressions.EqualTo(l, key.toAttribute()) for (l, _), key in zip(keys, grouping)]
+    if other is None:
+        matches = jvm.logical.Distinct(jvm.project(grouping, right))
+    else:
+        l, r = other
+        keyed = jvm.project([*grouping, jvm.alias(r, "__sr")], right)
+        value = keyed.output().last()
+        extremes = [jvm.alias(_aggregate(jvm, function(value)), name) for function, name in ((expressions.aggregate.Min, "__least"), (expressions.aggregate.Max, "__greatest"))]
+        attributes = [a.toAttribute() for a in grouping]
+        matches = jvm.logical.Aggregate(jvm.seq(attributes), jvm.seq([*attributes, *extremes]), keyed, jvm.jvm.scala.Option.empty())
+        least, greatest = (e.toAttribute() for e in extremes)
+        linked.append(expressions.Or(expressions.Not(expressions.EqualTo(least, l)), expressions.Not(expressions.EqualTo(greatest, l))))
     condition = jvm.jvm.scala.Option.apply(_conjunction(jvm, [*on_left, *linked]) if on_left or linked else None)
-    join = jvm.logical.Join(left, jvm.logical.Distinct(jvm.project(distinct, right)), _inner(jvm), condition, node.hint())
+    join = jvm.logical.Join(left, matches, _inner(jvm), condition, node.hint())
     return jvm.project(items(node.output()), join)
+
+
+def _aggregate(jvm: Jvm, function: Any) -> Any:
+    """`function` as a (complete, not distinct) aggregate expression."""
+    aggregate = jvm.expressions.aggregate
+    complete = getattr(getattr(aggregate, "Complete$"), "MODULE$")
+    return aggregate.AggregateExpression(function, complete, False, jvm.jvm.scala.Option.empty(), jvm.expressions.NamedExpression.newExprId())
 
 
 def _scalars_joined(jvm: Jvm, node: Any) -> Any:
