@@ -1,0 +1,186 @@
+"""The machinery of the path-independence tests (DESIGN section 10), shared by
+`test_incremental.py` (the shapes without stages, the refusals) and
+`test_incremental_subqueries.py` (stages: aggregates below joins, subqueries): two
+sources in storage, Hypothesis update sequences over them, and dataflows stepped at
+every time, incrementally, from scratch, hydrated late and rebuilt (`run_shape`).
+`TANDEM_PROPERTY_EXAMPLES` sets the number of generated sequences per shape (CI runs
+the default)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+
+import pyarrow as pa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from rows import assert_same_rows
+
+import history as h
+from catalog import Catalog
+from replica_service import _spark
+from replica_service._arrangement import Version
+from replica_service.dataplane import StorageReader, maintainer
+from storage import Storage
+
+EXAMPLES = int(os.environ.get("TANDEM_PROPERTY_EXAMPLES", "4"))
+
+T_SCHEMA = "id BIGINT, k STRING, x DOUBLE, q DECIMAL(10,2), n INT"
+U_SCHEMA = "id BIGINT, y INT, z STRING"
+
+CONF = {
+    "spark.sql.adaptive.enabled": "false",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.ansi.enabled": "true",
+}
+
+
+def spark_env(tmp_path_factory) -> Iterator[dict]:
+    """A test module's storage and Spark session (its `env` fixture yields from this)."""
+    root: Path = tmp_path_factory.mktemp("incremental")
+    catalog = Catalog.open(f"sqlite:///{root / 'catalog.db'}")
+    catalog.become_controller()
+    storage = Storage(catalog, root / "blobs", fsync=False)
+    session = _spark.start_session(_spark.SparkSettings("local[2]"), root / "spark", CONF)
+    yield dict(storage=storage, session=session, sources=iter(range(10**6)))
+    session.stop()
+
+
+# --- Update sequences ----------------------------------------------------------------
+
+values_k = st.sampled_from(["a", "b", "c", None])
+values_x = st.sampled_from([0.1, 0.2, -2.5, 3.0, 1e10, 1e-9, 0.0, -0.0, None])
+values_q = st.sampled_from([Decimal("1.10"), Decimal("-2.05"), Decimal("0.00"), Decimal("99999999.99"), None])
+values_n = st.sampled_from([0, 1, 2, -3, None])
+t_rows = st.fixed_dictionaries({"id": st.integers(0, 6), "k": values_k, "x": values_x, "q": values_q, "n": values_n})
+u_rows = st.fixed_dictionaries({"id": st.sampled_from([0, 1, 2, 3, 4, 5, 6, None]), "y": st.sampled_from([0, 1, 2, 3, None]), "z": st.sampled_from(["p", "q", None])})
+
+
+@st.composite
+def sequences(draw):
+    """Batches of changes: (t inserts, t retraction picks, u inserts, u retraction
+    picks, t updates). A pick selects a live row by position, so every retraction
+    retracts a row that exists; an update retracts a row and inserts a changed copy."""
+    steps = draw(st.integers(3, 4))
+    return [
+        (
+            draw(st.lists(t_rows, max_size=6)),
+            draw(st.lists(st.integers(0, 10**6), max_size=3)),
+            draw(st.lists(u_rows, max_size=3)),
+            draw(st.lists(st.integers(0, 10**6), max_size=2)),
+            draw(st.lists(st.tuples(st.integers(0, 10**6), t_rows), max_size=2)),
+        )
+        for _ in range(steps)
+    ]
+
+
+class Sources:
+    """Two fresh sources in storage, their live rows, and the change of each batch."""
+
+    def __init__(self, env) -> None:
+        self.storage: Storage = env["storage"]
+        number = next(env["sources"])
+        self.t = self.storage.create_source(f"t{number}", T_SCHEMA).id
+        self.u = self.storage.create_source(f"u{number}", U_SCHEMA).id
+        self.rows = {self.t: [], self.u: []}
+
+    def apply(self, batch) -> int:
+        t_inserts, t_picks, u_inserts, u_picks, t_updates = batch
+        changes = {self.t: [], self.u: []}
+        for id, inserts, picks in ((self.t, t_inserts, t_picks), (self.u, u_inserts, u_picks)):
+            live = self.rows[id]
+            for pick in picks:
+                if live:
+                    changes[id].append({**live.pop(pick % len(live)), "_diff": -1})
+            for row in inserts:
+                live.append(row)
+                changes[id].append({**row, "_diff": 1})
+        for pick, row in t_updates:
+            live = self.rows[self.t]
+            if live:
+                old = live.pop(pick % len(live))
+                changes[self.t].append({**old, "_diff": -1})
+                new = {**row, "id": old["id"]}
+                live.append(new)
+                changes[self.t].append({**new, "_diff": 1})
+        time = self.storage.catalog.write_ts()
+        for id, rows in changes.items():
+            if rows:
+                self.storage.append(id, rows, ts=time)
+            else:  # no change: the upper still moves past the time
+                self.storage.compare_and_append(id, self.storage.upper(id), h.Frontier(time + 1))
+        return time
+
+
+# --- Dataflows under test --------------------------------------------------------------
+
+
+class Flow:
+    """One dataflow in one session, stepped at given times; its versions as tables."""
+
+    def __init__(self, env, name: str, sql: str, strategy: str, inputs: dict) -> None:
+        session = _spark.dataflow_session(env["session"], CONF)
+        desc = h.DataflowDescription(name, sql, (), (h.IndexExport(name, ()),), strategy=strategy)
+        self.maintainer = maintainer(desc, session, inputs, {}, 2)
+        self.table: pa.Table | None = None
+        self.digests: dict[int, str] = {}
+
+    def step(self, time: int) -> pa.Table:
+        output = self.maintainer.step(time)
+        self.table = output.version(self.table)
+        output.finish()
+        self.digests[time] = Version.build(time, self.table, ()).digest
+        return self.table
+
+
+def run_shape(env, name: str, sql: str, sequence, expected_sql: str) -> None:
+    sources = Sources(env)
+    storage = sources.storage
+    readers = {"t": StorageReader(storage, sources.t), "u": StorageReader(storage, sources.u)}
+    times = []
+    flows = {}
+    late = None
+    for index, batch in enumerate(sequence):
+        time = sources.apply(batch)
+        times.append(time)
+        for reader in readers.values():
+            reader.refresh(env["session"])
+        if index == 0:
+            flows = {s: Flow(env, name, sql, s, readers) for s in ("incremental", "recompute")}
+        if index == len(sequence) // 2:
+            late = Flow(env, name, sql, "incremental", readers)
+            # A replica that lost its Spark state rebuilds it through its last step.
+            restored = Flow(env, name, sql, "incremental", readers)
+            restored.maintainer.restore(times[-2])
+            restored.table = flows["incremental"].table
+            flows["restored"] = restored
+        versions = {s: f.step(time) for s, f in flows.items()}
+        if late is not None:
+            late.step(time)
+            assert late.digests[time] == flows["incremental"].digests[time], f"{name}: hydrated late differs at step {index}"
+        if "restored" in flows:
+            assert flows["restored"].digests[time] == flows["incremental"].digests[time], f"{name}: restored differs at step {index}"
+        assert flows["incremental"].digests[time] == flows["recompute"].digests[time], f"{name}: incremental != recompute at step {index}"
+        expected = spark_answer(env, expected_sql, {"t": storage.read_snapshot(sources.t, time), "u": storage.read_snapshot(sources.u, time)})
+        assert_same_rows(versions["incremental"], expected)
+
+
+def spark_answer(env, sql: str, tables: dict[str, pa.Table]) -> pa.Table:
+    session = _spark.dataflow_session(env["session"], CONF)
+    return _spark.query(session, sql, tables).toArrow()
+
+
+
+def check_shape(env, name: str, sql: str, expected_sql: str | None = None) -> None:
+    """`run_shape` over Hypothesis's sequences; Spark's answer is `expected_sql`'s (the
+    query itself by default)."""
+
+    @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(sequences())
+    def check(sequence):
+        run_shape(env, name, sql, sequence, expected_sql or sql)
+
+    check()
