@@ -92,6 +92,7 @@ NOT_INCREMENTAL = {
     "SELECT t.id, u.y FROM t LEFT JOIN u ON t.id = u.id": "left outer join",
     "SELECT id FROM t WHERE id NOT IN (SELECT id FROM u)": "NOT IN \\(subquery\\), a null-aware anti-join",
     "SELECT id FROM t a WHERE EXISTS (SELECT * FROM t b WHERE b.id = a.id AND b.k <> a.k AND b.n <> a.n)": "one <>",
+    "SELECT id FROM t WHERE NOT EXISTS (SELECT * FROM u WHERE u.id = t.id OR u.y = t.n)": "linked by",
     "SELECT id FROM t a WHERE EXISTS (SELECT * FROM t b WHERE b.k = a.k AND b.n > a.n)": "only equalities",
     "SELECT id FROM t WHERE id IN (SELECT id FROM u) OR n > 0": "under OR",
     "SELECT id FROM t WHERE n = (SELECT count(*) FROM u WHERE u.id = t.id)": "left outer join",

@@ -464,7 +464,7 @@ def _semi_join(jvm: Jvm, node: Any, *, anti: bool = False) -> Any:
             keys.append(_sides(conjunct, left, right))
         elif other is None and kind(conjunct) == "Not" and kind(conjunct.child()) == "EqualTo" and _sides(conjunct.child(), left, right) is not None:
             other = _sides(conjunct.child(), left, right)
-        elif anti and kind(conjunct) == "Or":  # `l = r OR isnull(l = r)`
+        elif anti and kind(conjunct) == "Or" and kind(conjunct.right()) == "IsNull":  # `l = r OR isnull(l = r)`
             raise NotIncremental("NOT IN (subquery), a null-aware anti-join (NOT EXISTS is maintained incrementally)")
         else:
             raise NotIncremental(
