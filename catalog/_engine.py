@@ -14,6 +14,8 @@ Rules of this module:
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from pathlib import Path
 
 from alembic import command
@@ -49,6 +51,29 @@ def make_engine(url: str | URL) -> Engine:
     return create_engine(parsed, pool_size=8, max_overflow=16)
 
 
+def _use_wal(cursor: sqlite3.Cursor) -> None:
+    """Put the database in WAL mode. The mode is kept in the file, so only its first
+    openers switch it; the switch needs an exclusive lock, and when several first opens
+    contend for it SQLite can answer "database is locked" despite the busy timeout
+    (seen with three processes on a loaded machine): retry within the timeout."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            if cursor.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+                return
+            mode = cursor.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if mode == "wal":
+                return
+            error = sqlite3.OperationalError(f"the catalog stayed in journal mode {mode}, not WAL")
+        except sqlite3.OperationalError as raised:
+            if "locked" not in str(raised):
+                raise
+            error = raised
+        if time.monotonic() > deadline:
+            raise error
+        time.sleep(0.05)
+
+
 def _sqlite_engine(url: URL) -> Engine:
     database = url.database
     if not database or database == ":memory:" or database.startswith("file:"):
@@ -61,8 +86,8 @@ def _sqlite_engine(url: URL) -> Engine:
         # Take BEGIN away from the sqlite3 module: it would skip it for SELECTs.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        _use_wal(cursor)
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
