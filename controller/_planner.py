@@ -554,9 +554,11 @@ class Planner:
         """Analyze every template of `plan` (and of its stages) over empty views; each
         must give the `expected` output columns and types (plus `_diff`; a ranked
         query's template, without)."""
-        for leaf in plan.leaves:  # first: each stage binds the same view names
-            if leaf.stage is not None:
-                self._check_delta_plan(session, leaf.stage, views, list(zip(leaf.stage.output_columns, leaf.types)))
+        # First (each stage binds the same view names), and once for a stage that
+        # several leaves share.
+        stages = {id(leaf.stage): leaf for leaf in plan.leaves if leaf.stage is not None}
+        for leaf in stages.values():
+            self._check_delta_plan(session, leaf.stage, views, list(zip(leaf.stage.output_columns, leaf.types)))
         catalog = session.sessionState().catalog()
         for leaf in plan.leaves:
             if leaf.stage is None:

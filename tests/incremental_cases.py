@@ -173,7 +173,6 @@ def spark_answer(env, sql: str, tables: dict[str, pa.Table]) -> pa.Table:
     return _spark.query(session, sql, tables).toArrow()
 
 
-
 def check_shape(env, name: str, sql: str, expected_sql: str | None = None) -> None:
     """`run_shape` over Hypothesis's sequences; Spark's answer is `expected_sql`'s (the
     query itself by default)."""

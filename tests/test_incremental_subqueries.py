@@ -16,6 +16,7 @@ pytestmark = pytest.mark.spark
 def env(tmp_path_factory):
     yield from spark_env(tmp_path_factory)
 
+
 SHAPES = {
     "aggregate_join": "SELECT u.z, a.k, a.s, a.m FROM (SELECT k, sum(n) AS s, max(x) AS m FROM t GROUP BY k) a JOIN u ON a.s = u.y",
     "in": "SELECT id, k, x FROM t WHERE id IN (SELECT id FROM u WHERE y > 0) AND n IS NOT NULL",
