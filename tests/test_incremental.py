@@ -70,6 +70,8 @@ SHAPES = {
     "join": "SELECT t.id, t.k, u.y FROM t JOIN u ON t.id = u.id",
     "join_aggregate": "SELECT u.z, count(*) AS c, sum(t.q) AS s, avg(t.x) AS a, max(t.n) AS m FROM t JOIN u ON t.id = u.id GROUP BY u.z",
     "three_way": "SELECT a.k, count(*) AS c, sum(b.q) AS s FROM t a JOIN u ON a.id = u.id JOIN t b ON b.id = u.y GROUP BY a.k",
+    # Listed in an order whose first two inputs share no condition (TPC-H q8, q9).
+    "from_list": "SELECT a.k, b.n, u.z FROM t a, t b, u WHERE a.id = u.id AND b.id = u.y AND a.n <= b.n",
     "top": "SELECT k, count(*) AS c FROM t GROUP BY k HAVING count(*) > 0 ORDER BY sum(n) DESC NULLS LAST, k LIMIT 2",
     "top_ties": "SELECT u.z, count(*) AS c, max(t.x) AS m FROM t JOIN u ON t.id = u.id GROUP BY u.z ORDER BY c DESC LIMIT 1",
 }
@@ -140,6 +142,35 @@ def test_a_dataflow_over_an_index_is_maintained_from_the_index_changes(env, sequ
             incremental, recomputed = downstream[query, "incremental"], downstream[query, "recompute"]
             assert incremental.digests[time] == recomputed.digests[time], f"{query}: step {index}"
             assert_same_rows(versions[query, "incremental"], spark_answer(env, sql, {"totals": upstream_rows}))
+
+
+def test_a_term_joins_its_change_with_one_linked_input_at_a_time(env):
+    """Each term is a left-deep chain of joins starting from its leaf's change, each
+    join linked by a condition to the inputs before it: never the cross product of the
+    query's first two inputs, which share no condition."""
+    session = _spark.dataflow_session(env["session"], CONF)
+    session.createDataFrame([], T_SCHEMA).createOrReplaceTempView("t")
+    session.createDataFrame([], U_SCHEMA).createOrReplaceTempView("u")
+    analyzed = session.sql(SHAPES["from_list"])._jdf.queryExecution().analyzed()
+    plan = delta_plan(session._jsparkSession, analyzed, {"t": "t", "u": "u"})
+    assert [leaf.name for leaf in plan.leaves] == ["t", "t", "u"]
+    for leaf, term in zip(plan.leaves, plan.terms):
+        joins = [node for node in _nodes(term) if node.getClass().getSimpleName() == "Join"]
+        assert len(joins) == 2 and all(join.condition().isDefined() for join in joins)
+        first = joins[-1].left()  # the lowest join's left side: the change
+        while first.getClass().getSimpleName() != "UnresolvedRelation":
+            first = first.child()
+        assert first.tableName() == leaf.view
+
+
+def _nodes(plan):
+    """The nodes of a Catalyst tree, top down."""
+    found, stack = [], [plan]
+    while stack:
+        node = stack.pop()
+        found.append(node)
+        stack.extend(node.children().apply(i) for i in reversed(range(node.children().size())))
+    return found
 
 
 @pytest.mark.parametrize("sql, reason", sorted(NOT_INCREMENTAL.items()))

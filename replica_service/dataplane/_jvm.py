@@ -20,15 +20,19 @@ class Jvm:
     def __init__(self, jsession: Any) -> None:
         self.jsession = jsession
         self.jvm = jvm = SparkContext._jvm  # one per process, set once a context started
-        self.expressions = jvm.org.apache.spark.sql.catalyst.expressions
-        self.logical = jvm.org.apache.spark.sql.catalyst.plans.logical
-        self.analysis = jvm.org.apache.spark.sql.catalyst.analysis
+        self.expressions = _Classes(jvm.org.apache.spark.sql.catalyst.expressions)
+        self.logical = _Classes(jvm.org.apache.spark.sql.catalyst.plans.logical)
+        self.analysis = _Classes(jvm.org.apache.spark.sql.catalyst.analysis)
+        self.option = jvm.scala.Option
+        self._array_list = jvm.java.util.ArrayList
         self._converters = jvm.scala.jdk.javaapi.CollectionConverters
         self._parser = jsession.sessionState().sqlParser()
+        self._nil, self._none = self.seq(()), self.option.empty()
+        self._quoted = self.analysis.UnresolvedAttribute.quoted
 
     def seq(self, items: Iterable[Any]) -> Any:
         """A Scala immutable Seq of `items`."""
-        array = self.jvm.java.util.ArrayList()
+        array = self._array_list()
         for item in items:
             array.add(item)
         return self._converters.asScala(array).toList()
@@ -38,11 +42,11 @@ class Jvm:
         a fresh one."""
         expressions = self.expressions
         expr_id = expr_id if expr_id is not None else expressions.NamedExpression.newExprId()
-        return expressions.Alias(child, name, expr_id, self.seq(()), self.jvm.scala.Option.empty(), self.seq(()))
+        return expressions.Alias(child, name, expr_id, self._nil, self._none, self._nil)
 
     def column(self, name: str) -> Any:
         """An unresolved reference to the column `name` (resolved by the analyzer)."""
-        return self.analysis.UnresolvedAttribute(self.seq([name]))
+        return self._quoted(name)
 
     def expression(self, sql: str) -> Any:
         """A new (unresolved) expression from SQL text."""
@@ -69,6 +73,20 @@ class Jvm:
     def dataframe_jdf(self, plan: Any) -> Any:
         """The Dataset of `plan`, analyzed now (errors surface here, before any job)."""
         return self.jvm.org.apache.spark.sql.classic.Dataset.ofRows(self.jsession, plan)
+
+
+class _Classes:
+    """A JVM package whose classes are looked up once: py4j asks the JVM at every
+    attribute access (`package.Alias` is a round trip), which made building one TPC-H
+    query's delta plan take seconds."""
+
+    def __init__(self, package: Any) -> None:
+        self._package = package
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._package, name)
+        setattr(self, name, found)  # found by plain lookup from now on
+        return found
 
 
 def in_session(frame: DataFrame, session: SparkSession) -> DataFrame:

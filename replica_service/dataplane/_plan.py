@@ -152,8 +152,7 @@ class _Builder:
     def __init__(self, jvm: Jvm, imports: Mapping[str, str]) -> None:
         self.jvm = jvm
         self.imports = imports
-        self.leaves: list[Leaf] = []  # in the order `_rewrite` numbers them (depth first)
-        self._next_leaf = 0
+        self.leaves: list[Leaf] = []  # depth first, as `_collect_leaves` marks them
         self._stages: list[tuple[Any, DeltaPlan]] = []  # (aggregate node, its plan): one per distinct aggregate
 
     def build(self, analyzed: Any) -> DeltaPlan:
@@ -170,10 +169,10 @@ class _Builder:
         else:
             self._check_spj(analyzed)
             spj, shape, pre, ranked = analyzed, None, None, None
-        leaves = self._collect_leaves(spj)
-        full = self._wrap(spj, None, pre)
-        terms = tuple(self._wrap(spj, leaf.position, pre) for leaf in leaves)
-        return DeltaPlan(tuple(leaves), full, terms, shape, tuple(output), ranked)
+        marked = self._collect_leaves(spj)
+        full = self._wrap(spj, _joins_ordered(self.jvm, marked, None), None, pre)
+        terms = tuple(self._wrap(spj, _joins_ordered(self.jvm, marked, leaf.position), leaf.position, pre) for leaf in self.leaves)
+        return DeltaPlan(tuple(self.leaves), full, terms, shape, tuple(output), ranked)
 
     # --- Shape checks --------------------------------------------------------------------
 
@@ -203,11 +202,14 @@ class _Builder:
             raise NotIncremental(f"view {table} is not an input of the dataflow")
         return name
 
-    def _collect_leaves(self, node: Any) -> list[Leaf]:
+    def _collect_leaves(self, node: Any) -> Any:
+        """`node` with each leaf (an input's view, a stage) under a SubqueryAlias that
+        names its position (`_marked`), numbered depth first into `self.leaves`: the
+        leaves keep their positions when `_joins_ordered` moves them."""
         if kind(node) == "View":
             leaf = Leaf(len(self.leaves), self._leaf_name(node), tuple(a.name() for a in items(node.output())))
             self.leaves.append(leaf)
-            return [leaf]
+            return _mark(self.jvm, node, leaf.position)
         if kind(node) in _STAGE_NODES:
             # The same aggregate twice (an anti-join reads its left side twice) is one
             # stage: leaves sharing a plan share its state and its step.
@@ -225,19 +227,19 @@ class _Builder:
                 tuple(a.dataType().sql() for a in outputs),
             )
             self.leaves.append(leaf)
-            return [leaf]
-        found: list[Leaf] = []
-        for child in children(node):
-            found += self._collect_leaves(child)
-        return found
+            return _mark(self.jvm, node, position)
+        below = children(node)
+        if not below:
+            return node
+        return node.withNewChildren(self.jvm.seq(self._collect_leaves(child) for child in below))
 
     # --- The SPJ rewrite ---------------------------------------------------------------
 
-    def _wrap(self, spj: Any, term: int | None, pre: Any | None) -> Any:
-        """The SPJ tree rewritten for `term` (None: every branch), topped by the
-        pre-aggregate projection `pre(child, diff)` or by the output columns and `_diff`."""
-        self._next_leaf = 0
-        node, diff, _ = self._rewrite(spj, term)
+    def _wrap(self, spj: Any, marked: Any, term: int | None, pre: Any | None) -> Any:
+        """The SPJ tree `spj` (as `marked`, its leaves marked and its joins ordered)
+        rewritten for `term` (None: every branch), topped by the pre-aggregate
+        projection `pre(child, diff)` or by the output columns and `_diff`."""
+        node, diff, _ = self._rewrite(marked, term)
         if pre is not None:
             return pre(node, diff)
         jvm = self.jvm
@@ -249,15 +251,15 @@ class _Builder:
         positions below it)."""
         jvm = self.jvm
         name = kind(node)
-        if name == "View" or name in _STAGE_NODES:
-            position = self._next_leaf
-            self._next_leaf += 1
+        position = _marked(node)
+        if position is not None:
+            leaf_node = node.child()
             diff_id = jvm.expressions.NamedExpression.newExprId()
             diff = f"__d{diff_id.id()}"
             # An input's columns keep their names; a stage's are read by position.
             columns = [
-                jvm.alias(jvm.column(a.name() if name == "View" else f"__c{i}"), a.name(), a.exprId())
-                for i, a in enumerate(items(node.output()))
+                jvm.alias(jvm.column(a.name() if kind(leaf_node) == "View" else f"__c{i}"), a.name(), a.exprId())
+                for i, a in enumerate(items(leaf_node.output()))
             ]
             leaf = jvm.project([*columns, jvm.alias(jvm.column(DIFF), diff, diff_id)], jvm.relation(f"__leaf{position}"))
             return leaf, diff, frozenset([position])
@@ -419,6 +421,87 @@ def _has_subquery_or_outer_join(plan: Any) -> bool:
     return False
 
 
+_LEAF_MARK = "__leaf_at"  # a SubqueryAlias named this plus a position marks a leaf
+
+
+def _mark(jvm: Jvm, node: Any, position: int) -> Any:
+    return getattr(getattr(jvm.logical, "SubqueryAlias$"), "MODULE$").apply(f"{_LEAF_MARK}{position}", node)
+
+
+def _marked(node: Any) -> int | None:
+    """The position of the leaf `node` marks, or None."""
+    if kind(node) != "SubqueryAlias" or not node.alias().startswith(_LEAF_MARK):
+        return None
+    return int(node.alias()[len(_LEAF_MARK) :])
+
+
+def _joins_ordered(jvm: Jvm, node: Any, first: int | None) -> Any:
+    """`node` with each cluster of inner joins (with the filters and column selections
+    between them) rebuilt left-deep: the input holding leaf `first` (a term's change)
+    first, then each time the first input that a condition links to those joined
+    already. That is Spark's `ReorderJoin` rule, which the diff columns' projections
+    would hide from its optimizer; starting from the change, a term joins a few rows
+    with each input in turn and never forms a cross product the query does not.
+    Inner joins commute, so the rows (and their diffs' product) are the same."""
+    inputs, conditions = _join_cluster(node)
+    if len(inputs) < 2:
+        below = children(node)
+        if not below:
+            return node
+        return node.withNewChildren(jvm.seq(_joins_ordered(jvm, child, first) for child in below))
+    inputs = [_joins_ordered(jvm, i, first) for i in inputs]
+    if first is not None:
+        inputs.sort(key=lambda i: first not in _leaf_positions(i))  # stable: the rest keep their order
+    outputs = [{a.exprId().id() for a in items(i.output())} for i in inputs]
+    references = [{a.exprId().id() for a in items(c.references().toSeq())} for c in conditions]
+    joined, available = inputs[0], outputs[0]
+    rest = list(range(1, len(inputs)))
+    remaining = list(range(len(conditions)))
+    while rest:
+        linked = [
+            i for i in rest
+            if any(references[c] and not references[c] <= available and not references[c] <= outputs[i] and references[c] <= available | outputs[i] for c in remaining)
+        ]
+        nxt = linked[0] if linked else rest[0]
+        rest.remove(nxt)
+        available = available | outputs[nxt]
+        usable = [c for c in remaining if references[c] <= available]
+        remaining = [c for c in remaining if c not in usable]
+        condition = jvm.option.apply(_conjunction(jvm, [conditions[c] for c in usable]) if usable else None)
+        joined = jvm.logical.Join(joined, inputs[nxt], _inner(jvm), condition, jvm.logical.JoinHint.NONE())
+    if remaining:  # conditions on columns no input has (none, after analysis): kept as they were
+        joined = jvm.filter(_conjunction(jvm, [conditions[c] for c in remaining]), joined)
+    return jvm.project(items(node.output()), joined)
+
+
+def _join_cluster(node: Any) -> tuple[list[Any], list[Any]]:
+    """The inputs and conjuncts of the inner joins at `node`, through the filters and
+    column selections between them (one input, no condition, if `node` is no such
+    join)."""
+    name = kind(node)
+    if name == "Join" and kind(node.joinType()) in _JOIN_TYPES and _no_hint(node):
+        left, right = _join_cluster(node.left()), _join_cluster(node.right())
+        condition = option(node.condition())
+        return left[0] + right[0], left[1] + right[1] + (_conjuncts(condition) if condition is not None else [])
+    if name == "Filter" or (name == "Project" and all(kind(e) == "AttributeReference" for e in items(node.projectList()))):
+        inputs, conditions = _join_cluster(node.child())
+        if len(inputs) > 1:
+            return inputs, conditions + (_conjuncts(node.condition()) if name == "Filter" else [])
+    return [node], []
+
+
+def _no_hint(join: Any) -> bool:
+    hint = join.hint()
+    return not hint.leftHint().isDefined() and not hint.rightHint().isDefined()
+
+
+def _leaf_positions(node: Any) -> set[int]:
+    position = _marked(node)
+    if position is not None:
+        return {position}
+    return set().union(*(_leaf_positions(child) for child in children(node)))
+
+
 def _inner_joins(jvm: Jvm, node: Any) -> Any:
     """`node` with every semi-join and one-row scalar subquery below it as an inner join
     (see `_as_inner_joins`)."""
@@ -483,10 +566,10 @@ def _semi_join(jvm: Jvm, node: Any, *, anti: bool = False) -> Any:
         value = keyed.output().last()
         extremes = [jvm.alias(_aggregate(jvm, function(value)), name) for function, name in ((expressions.aggregate.Min, "__least"), (expressions.aggregate.Max, "__greatest"))]
         attributes = [a.toAttribute() for a in grouping]
-        matches = jvm.logical.Aggregate(jvm.seq(attributes), jvm.seq([*attributes, *extremes]), keyed, jvm.jvm.scala.Option.empty())
+        matches = jvm.logical.Aggregate(jvm.seq(attributes), jvm.seq([*attributes, *extremes]), keyed, jvm.option.empty())
         least, greatest = (e.toAttribute() for e in extremes)
         linked.append(expressions.Or(expressions.Not(expressions.EqualTo(least, l)), expressions.Not(expressions.EqualTo(greatest, l))))
-    condition = jvm.jvm.scala.Option.apply(_conjunction(jvm, [*on_left, *linked]) if on_left or linked else None)
+    condition = jvm.option.apply(_conjunction(jvm, [*on_left, *linked]) if on_left or linked else None)
     join = jvm.logical.Join(left, matches, _inner(jvm), condition, node.hint())
     return jvm.project(items(node.output()), join)
 
@@ -495,7 +578,7 @@ def _aggregate(jvm: Jvm, function: Any) -> Any:
     """`function` as a (complete, not distinct) aggregate expression."""
     aggregate = jvm.expressions.aggregate
     complete = getattr(getattr(aggregate, "Complete$"), "MODULE$")
-    return aggregate.AggregateExpression(function, complete, False, jvm.jvm.scala.Option.empty(), jvm.expressions.NamedExpression.newExprId())
+    return aggregate.AggregateExpression(function, complete, False, jvm.option.empty(), jvm.expressions.NamedExpression.newExprId())
 
 
 def _scalars_joined(jvm: Jvm, node: Any) -> Any:
@@ -507,7 +590,7 @@ def _scalars_joined(jvm: Jvm, node: Any) -> Any:
         return node
     joined = node.child()
     for scalar in scalars:
-        joined = jvm.logical.Join(joined, scalar.plan(), _inner(jvm), jvm.jvm.scala.Option.empty(), jvm.logical.JoinHint.NONE())
+        joined = jvm.logical.Join(joined, scalar.plan(), _inner(jvm), jvm.option.empty(), jvm.logical.JoinHint.NONE())
     if kind(node) == "Project":
         return jvm.project(expressions, joined)
     return jvm.project(items(node.output()), jvm.filter(expressions[0], joined))
