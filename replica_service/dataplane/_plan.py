@@ -171,7 +171,13 @@ class _Builder:
             spj, shape, pre, ranked = analyzed, None, None, None
         marked = self._collect_leaves(spj)
         full = self._wrap(spj, _joins_ordered(self.jvm, marked, None), None, pre)
-        terms = tuple(self._wrap(spj, _joins_ordered(self.jvm, marked, leaf.position), leaf.position, pre) for leaf in self.leaves)
+        # An input's change leads its term's joins; a stage's joins where the query put
+        # it, after the inputs it filters: led by a stage's change, the chain's later
+        # joins would shuffle whole inputs too large to broadcast (`_joins_ordered`).
+        terms = tuple(
+            self._wrap(spj, _joins_ordered(self.jvm, marked, leaf.position if leaf.stage is None else None), leaf.position, pre)
+            for leaf in self.leaves
+        )
         return DeltaPlan(tuple(self.leaves), full, terms, shape, tuple(output), ranked)
 
     # --- Shape checks --------------------------------------------------------------------
@@ -440,9 +446,11 @@ def _joins_ordered(jvm: Jvm, node: Any, first: int | None) -> Any:
     between them) rebuilt left-deep: the input holding leaf `first` (a term's change)
     first, then each time the first input that a condition links to those joined
     already. That is Spark's `ReorderJoin` rule, which the diff columns' projections
-    would hide from its optimizer; starting from the change, a term joins a few rows
-    with each input in turn and never forms a cross product the query does not.
-    Inner joins commute, so the rows (and their diffs' product) are the same."""
+    would hide from its optimizer; no cross product the query does not ask for.
+    Starting from the change, a term joins a few rows with each input in turn (Spark
+    broadcasts the change into the first join, and each later input into the chain,
+    if it is small enough: a join's size estimate is the product of its sides'). Inner
+    joins commute, so the rows (and their diffs' product) are the same."""
     inputs, conditions = _join_cluster(node)
     if len(inputs) < 2:
         below = children(node)
