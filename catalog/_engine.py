@@ -62,16 +62,14 @@ def _use_wal(cursor: sqlite3.Cursor) -> None:
             if cursor.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
                 return
             mode = cursor.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-            if mode == "wal":
-                return
-            error = sqlite3.OperationalError(f"the catalog stayed in journal mode {mode}, not WAL")
-        except sqlite3.OperationalError as raised:
-            if "locked" not in str(raised):
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() > deadline:
                 raise
-            error = raised
-        if time.monotonic() > deadline:
-            raise error
-        time.sleep(0.05)
+            time.sleep(0.05)
+            continue
+        if mode != "wal":  # refused, not contended (a file system without shared memory, say)
+            raise sqlite3.OperationalError(f"the catalog stayed in journal mode {mode}, not WAL")
+        return
 
 
 def _sqlite_engine(url: URL) -> Engine:
