@@ -73,8 +73,9 @@ def run_size(root: Path, rows: int, size: str, appends: int) -> dict:
 
         index_latency, view_latency = [], []
         for step in range(appends):
+            appended = change(rows, step)  # made before the clock starts
             started = time.monotonic()
-            t = client.append("sales", change(rows, step))
+            t = client.append("sales", appended)
             client.peek("bench", "totals", key="r1", consistency="strict", timeout_ms=600_000)
             index_latency.append(time.monotonic() - started)
             wait_for(lambda: (w := write_frontier(client, "bench", "big")) is not None and w > t, 600)
