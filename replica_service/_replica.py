@@ -198,6 +198,7 @@ class Replica:
         self.crashes = crashes or CrashRecord(None)
         self.in_flight: set[str] = set()  # dataflows whose step is running on Spark
         self._poller: asyncio.Task | None = None
+        self._poll_now = asyncio.Event()  # a read waits for inputs: do not wait out the interval
         self.dataflows_kept = 0
         self.dataflows_built = 0
         self.heartbeats = 0
@@ -390,6 +391,7 @@ class Replica:
 
     def _update_configuration(self, command: UpdateConfiguration) -> None:
         self.parameters = self.parameters.update(command.params)
+        self._poll_now.set()  # the poller waits out the old interval otherwise
 
     def _create_dataflow(self, command: CreateDataflow) -> None:
         desc = command.desc
@@ -681,11 +683,16 @@ class Replica:
 
     async def _poll_storage(self) -> None:
         """Read the uppers of the storage collections this replica reads with one catalog
-        query per interval, read the manifests of the collections that moved, and wake
-        the dataflows reading them (instead of each dataflow polling each of its inputs)."""
+        query per interval (at once when a peek starts waiting for them), read the
+        manifests of the collections that moved, and wake the dataflows reading them
+        (instead of each dataflow polling each of its inputs)."""
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(self.parameters.input_poll_interval_ms / 1000)
+            try:
+                await asyncio.wait_for(self._poll_now.wait(), self.parameters.input_poll_interval_ms / 1000)
+            except TimeoutError:
+                pass
+            self._poll_now.clear()
             if not self.readers:
                 continue
             try:
@@ -752,6 +759,10 @@ class Replica:
         versions = {}
         for id in peek.target.collection_ids:
             dataflow, arrangement = self._readable(id, peek.timestamp)
+            if not arrangement.upper.is_complete(peek.timestamp):
+                # The controller reads at a time its inputs have reached (a strict read:
+                # the last write's), so the data is in storage already: look now.
+                self._poll_now.set()
             while not arrangement.upper.is_complete(peek.timestamp):
                 await self._wait_progress()
                 dataflow, arrangement = self._readable(id, peek.timestamp)

@@ -197,6 +197,19 @@ def test_peeks_at_several_times_match_spark(env, sales, small, spark):
         assert_same_rows(answer, expected)
 
 
+def test_a_strict_peek_does_not_wait_for_the_next_storage_poll(env, sales, small, spark):
+    index = _index_of(env, "totals")
+    small.send(h.UpdateConfiguration(h.ComputeParameters(input_poll_interval_ms=600_000)))
+    try:
+        t = append(env, sales, [{"id": 800, "region": "north", "amount": 4.0}])
+        # Peeked at a time its input has reached, the replica reads storage at once,
+        # not ten minutes later.
+        answer = _peek_rows(small.client.peek(h.IndexTarget(index), t, timeout=60))
+        assert_same_rows(answer, _expected(spark, env, TOTALS, {"sales": sales["id"]}, t))
+    finally:
+        small.send(h.UpdateConfiguration(h.ComputeParameters(input_poll_interval_ms=100)))
+
+
 def test_peek_finishing_key_filter_order_limit_projection(env, sales, small):
     index = _index_of(env, "totals")
     t = sales["times"][-1]
