@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Union
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -52,6 +53,7 @@ class StepOutput:
     """
 
     time: int
+    # Given the previous version: this one, and the rows it changed (`_rows_changed`).
     _version: Callable[[pa.Table | None], tuple[pa.Table, int]]
     _changes: Callable[[int], DataFrame]
     _finish: Callable[[], None]
@@ -244,7 +246,8 @@ class Incremental(Maintainer):
 
         def version(previous: pa.Table | None) -> tuple[pa.Table, int]:
             delta = changes.toArrow()
-            return _apply(previous, delta, self.desc.name, time), delta.num_rows
+            names = [n for n in delta.column_names if n != DIFF]
+            return _apply(previous, delta, self.desc.name, time), _rows_changed(consolidate_updates(delta, names))
 
         def finish() -> None:
             commit()
@@ -473,7 +476,14 @@ def _signed_changes(old: pa.Table, new: pa.Table) -> pa.Table:
 def _difference_rows(previous: pa.Table | None, table: pa.Table) -> int:
     if previous is None:
         return table.num_rows
-    return _signed_changes(previous, table).num_rows
+    return _rows_changed(_signed_changes(previous, table))
+
+
+def _rows_changed(consolidated: pa.Table) -> int:
+    """Rows inserted plus rows deleted by `consolidated` updates: what a step changed,
+    the same whichever strategy computed it (a linear step's changes come unconsolidated:
+    a row retracted and inserted at once changed nothing)."""
+    return pc.sum(pc.abs(consolidated[DIFF])).as_py() or 0
 
 
 def _difference(before: DataFrame | None, after: DataFrame) -> DataFrame:
