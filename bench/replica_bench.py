@@ -140,12 +140,12 @@ def rows_of(result: h.PeekResult) -> pa.Table:
 
 
 def step_log(log_path: Path, dataflow: str) -> dict[int, float]:
-    """The replica's own step durations (ms) for `dataflow`, by computed time."""
-    pattern = re.compile(rf"dataflow {re.escape(dataflow)}: computed (\d+) rows at (\d+) in (\d+) ms")
+    """The replica's own step durations (seconds) for `dataflow`, by computed time."""
+    pattern = re.compile(rf"dataflow {re.escape(dataflow)}: computed time (\d+) in (\d+) ms")
     steps = {}
     for line in log_path.read_text(errors="replace").splitlines():
         if m := pattern.search(line):
-            steps[int(m.group(2))] = float(m.group(3)) / 1000
+            steps[int(m.group(1))] = float(m.group(2)) / 1000
     return steps
 
 

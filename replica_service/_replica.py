@@ -595,20 +595,25 @@ class Replica:
         previous = _latest_rows(dataflow)
         # A sink holds this version until the next one; with closed inputs, from now on.
         sink_upper = time + 1 if following.is_empty else following.time
-        started = monotonic()
+        queued = monotonic()
         self.in_flight.add(dataflow.id)
         dataflow.computing = time
         try:
             pool = self._light_step_pool if dataflow.light else self._step_pool
-            rows, changed = await loop.run_in_executor(pool, self._compute, dataflow, session, time, previous, sink_upper)
+            rows, changed, started = await loop.run_in_executor(pool, self._compute, dataflow, session, time, previous, sink_upper)
         finally:
             self.in_flight.discard(dataflow.id)
             dataflow.computing = None
+        # The step's own time: not the wait for a free worker, which says how busy the
+        # replica is, not what the step costs.
         elapsed_ms = int(1000 * (monotonic() - started))
         self.metrics.observe_step(dataflow, elapsed_ms, changed)
         if rows is not None and rows.num_rows and dataflow.desc.name == self._perturbed:
             rows = pa.concat_tables([rows, rows.slice(rows.num_rows - 1)])
-        log.info("dataflow %s: computed time %d in %d ms, %d rows changed", dataflow.desc.name, time, elapsed_ms, changed)
+        log.info(
+            "dataflow %s: computed time %d in %d ms (after %d ms waiting for a worker), %d rows changed",
+            dataflow.desc.name, time, elapsed_ms, int(1000 * (started - queued)), changed,
+        )
         for arrangement in dataflow.arrangements.values():
             version = await loop.run_in_executor(self._io_pool, Version.build, time, rows, arrangement.key)
             arrangement.insert(version)
@@ -618,9 +623,10 @@ class Replica:
         dataflow.last_step_ms, dataflow.rows_changed = elapsed_ms, changed
         self._advance(dataflow, following)
 
-    def _compute(self, dataflow: Dataflow, session: SparkSession, time: int, previous: pa.Table | None, sink_upper: int) -> tuple[pa.Table | None, int]:
+    def _compute(self, dataflow: Dataflow, session: SparkSession, time: int, previous: pa.Table | None, sink_upper: int) -> tuple[pa.Table | None, int, float]:
         """One step (blocking, on a step worker): the whole version for the indexes (None
-        without any) and the rows it changed; the sinks written."""
+        without any), the rows it changed and when the step started; the sinks written."""
+        started = monotonic()
         session.sparkContext.setLocalProperty("spark.scheduler.pool", _spark.LIGHT_POOL if dataflow.light else dataflow.id)
         # Its jobs' tasks are the hydration progress the status reports.
         session.sparkContext.setJobGroup(_spark.step_job_group(dataflow.id, time), f"dataflow {dataflow.desc.name} at {time}")
@@ -640,7 +646,7 @@ class Replica:
             if id not in dataflow.dropped:
                 output.write(sink, sink_upper)
         output.finish()
-        return rows, output.rows_changed
+        return rows, output.rows_changed, started
 
     async def _advance_sinks(self, dataflow: Dataflow, upper: Frontier) -> None:
         """Move every live sink's upper to `upper`: no input changed below it."""
