@@ -24,6 +24,7 @@ from protocol import HelloAck, ipc_to_table
 from rows import assert_same_rows
 from replica_harness import ReplicaProcess, ScriptedClient
 from replica_service import _spark
+from replica_service._replica import DEFAULT_PARAMETERS
 from storage import Storage, schema_to_ddl
 
 pytestmark = pytest.mark.spark
@@ -207,7 +208,8 @@ def test_a_strict_peek_does_not_wait_for_the_next_storage_poll(env, sales, small
         answer = _peek_rows(small.client.peek(h.IndexTarget(index), t, timeout=60))
         assert_same_rows(answer, _expected(spark, env, TOTALS, {"sales": sales["id"]}, t))
     finally:
-        small.send(h.UpdateConfiguration(h.ComputeParameters(input_poll_interval_ms=100)))
+        default = DEFAULT_PARAMETERS.input_poll_interval_ms
+        small.send(h.UpdateConfiguration(h.ComputeParameters(input_poll_interval_ms=default)))
 
 
 def test_peek_finishing_key_filter_order_limit_projection(env, sales, small):
