@@ -24,7 +24,12 @@ from protocol.security import ServerSecurity, add_server_arguments
 from replica_service._crashes import CrashRecord
 from replica_service._replica import Replica
 from replica_service._server import ReplicaServer
-from replica_service._spark import SparkSettings, SparkUnavailable, start_replica_session
+from replica_service._spark import (
+    SparkSettings,
+    SparkUnavailable,
+    set_aside_startup_objects,
+    start_replica_session,
+)
 from storage import Storage
 
 
@@ -105,6 +110,7 @@ async def _serve(args: argparse.Namespace, work_dir: Path) -> None:
     replica = Replica(storage, settings, work_dir, session, CrashRecord(args.crash_file))
     server = ReplicaServer(replica, args.listen, args.security)
     await server.start()
+    set_aside_startup_objects()
     if args.http_listen != "off":
         try:
             replica.metrics.serve(args.http_listen)

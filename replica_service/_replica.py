@@ -646,6 +646,7 @@ class Replica:
             if id not in dataflow.dropped:
                 output.write(sink, sink_upper)
         output.finish()
+        _spark.release_dropped_proxies()
         return rows, output.rows_changed, started
 
     async def _advance_sinks(self, dataflow: Dataflow, upper: Frontier) -> None:

@@ -20,6 +20,9 @@ the shapes with stages (aggregates below joins, subqueries). The machinery is in
 
 from __future__ import annotations
 
+import gc
+from time import monotonic, sleep
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from incremental_cases import (
@@ -226,3 +229,67 @@ def test_light_steps_have_a_scheduler_pool_that_takes_a_free_core_first(env):
     pool = env["session"].sparkContext._jsc.sc().getPoolForName(_spark.LIGHT_POOL)
     assert pool.isDefined()
     assert pool.get().minShare() > 10_000 and pool.get().schedulingMode().toString() == "FAIR"
+
+
+def _local_checkpoints(session) -> dict[int, bool]:
+    """The context's persisted local checkpoints: whether each one's lineage is cut."""
+    persisted = session.sparkContext._jsc.getPersistentRDDs()
+    rdds = [persisted.get(id).rdd() for id in persisted.keySet()]
+    return {rdd.id(): rdd.isCheckpointed() for rdd in rdds if rdd.isLocallyCheckpointed()}
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        SHAPES["extremes"],  # accumulators, extremes repaired, value counts
+        "SELECT u.z, a.k, a.s, a.m FROM (SELECT k, sum(n) AS s, max(x) AS m FROM t GROUP BY k) a JOIN u ON a.s = u.y",  # a stage
+        "SELECT k, sum(n) AS s FROM t GROUP BY k ORDER BY s DESC LIMIT 2",  # top rows
+    ],
+    ids=["extremes", "stage", "ranked"],
+)
+def test_a_dataflow_keeps_one_states_checkpoints_however_many_steps(env, sql):
+    """A step checkpoints the state it leads to with its lineage cut at once, and its
+    commit releases the state before: the blocks a dataflow keeps do not grow with its
+    steps, and no state pins the plans of the steps before it. (Lazy checkpoints, which
+    an adaptive query's shuffle stage computes without cutting their lineage, chained
+    every step's plans and broadcast relations until the driver's heap was full.)"""
+    session = env["session"]
+    sources = Sources(env)
+    readers = {"t": StorageReader(sources.storage, sources.t), "u": StorageReader(sources.storage, sources.u)}
+    before = set(_local_checkpoints(session))
+    row = {"id": 1, "k": "a", "x": 2.5, "q": None, "n": 3}
+    counts, flow = [], None
+    for step in range(6):
+        inserts = [{**row, "id": step * 10 + i, "k": "ab"[i % 2], "x": float(step + i), "n": step + i} for i in range(4)]
+        # Retract two of the rows live, among them a group's extreme (its newest, highest x).
+        time = sources.apply((inserts, [-1, 0] if step else [], [{"id": 1, "y": 3 + step, "z": "z"}], [], []))
+        for reader in readers.values():
+            reader.refresh(session)
+        flow = flow or Flow(env, "kept", sql, "incremental", readers)
+        flow.step(time)
+        _spark.release_dropped_proxies()
+        ours = {id: cut for id, cut in _local_checkpoints(session).items() if id not in before}
+        assert ours and all(ours.values()), f"step {step}: a kept checkpoint still has its lineage"
+        counts.append(len(ours))
+    assert counts[1:] == [counts[1]] * 5, counts
+
+
+def test_released_proxies_let_the_jvm_drop_their_objects(env):
+    """A py4j proxy whose methods were called sits in a reference cycle: the JVM keeps
+    its object until a cyclic collection frees the proxy."""
+    session = env["session"]
+    bindings = session.sparkContext._gateway.java_gateway_server.getGateway().getBindings()
+    gc.disable()  # no collection between the drop and the check
+    try:
+        frame = session.range(3).selectExpr("id + 1 AS x")
+        frame._jdf.schema()  # a bound method cached on the proxy: the cycle
+        target = frame._jdf._target_id
+        del frame
+        assert bindings.containsKey(target)
+    finally:
+        gc.enable()
+    _spark.release_dropped_proxies()
+    deadline = monotonic() + 10
+    while bindings.containsKey(target) and monotonic() < deadline:  # py4j tells the JVM from a thread
+        sleep(0.05)
+    assert not bindings.containsKey(target)

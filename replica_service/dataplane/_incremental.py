@@ -24,9 +24,9 @@ Accumulators are additive, so a step is one Spark query (its SQL generated here 
 temp views): the state's rows and the change's rows summed per group give every group's
 old and new accumulators at once; the touched groups' old and new values are the
 output's changes, and the new sums the next state. The state is checkpointed on the
-executors' local disks as that query computes it (`localCheckpoint`, lineage cut):
-it is never read from storage again, and a step reads an input whole only to repair
-dirty extremes. A step's cost is the change plus one pass over the state (one row per
+executors' local disks as that query computes it (`localCheckpoint`; the step's commit
+cuts its lineage and releases the state before): it is never read from storage again,
+and a step reads an input whole only to repair dirty extremes. A step's cost is the change plus one pass over the state (one row per
 group; one per group and value for COUNT(DISTINCT)), not the inputs: for a few
 thousand groups, that pass is a few milliseconds.
 
@@ -41,8 +41,8 @@ sums with a few roundings, in a fixed order. Spark's own float sum depends on th
 of its partitions; this one does not, and may differ from it in the last bits.
 
 Rules: nothing here awaits; every method blocks on Spark (run it on a step thread).
-`step` is lazy; the caller runs the changes, then `commit`s the state they imply, so a
-failed output leaves the state as it was.
+`step` is lazy; the caller runs the changes, then `cut_lineage`, then `commit`s the
+state they imply, so a failed output leaves the state as it was.
 """
 
 from __future__ import annotations
@@ -121,6 +121,9 @@ class IncrementalDataflow:
         self._acc: DataFrame | None = None
         self._values: dict[int, DataFrame | None] = {a: None for a in self._value_arguments}
         self._top: DataFrame | None = None  # a ranked aggregate's output (its top rows)
+        # Checkpoints of the committed state, and of the step in progress.
+        self._kept: list[DataFrame] = []
+        self._pending: list[DataFrame] = []
 
     # --- Steps ---------------------------------------------------------------------------
 
@@ -129,6 +132,8 @@ class IncrementalDataflow:
         `time` (its `new`), and the changes are the whole output. `whole` (an aggregate
         query's only) asks for the whole output too: every group's row, read off the
         step's accumulators."""
+        release(self._pending)  # a step that failed before its commit left them
+        self._pending = []
         pre = self._pre(bindings)
         shape = self.plan.aggregate
         if shape is None:
@@ -174,7 +179,7 @@ class IncrementalDataflow:
         self._bind("__pre", pre)
         if self._acc is not None:
             self._bind("__state", self._acc)
-        summed = self._sql(self._summed_sql()).localCheckpoint(eager=False, storageLevel=StorageLevel.DISK_ONLY)
+        summed = self.checkpoint(self._sql(self._summed_sql()))
         if self._extremes:
             self._bind("__grouped", summed)
             dirty = summed.where("__dirty").select(*self._keys)
@@ -184,20 +189,20 @@ class IncrementalDataflow:
                 for leaf in self.plan.leaves:
                     self._bind(leaf.view, bindings[leaf.position].new)
                 self._bind("__full", self._frame(self.plan.full))
-                self._bind("__repaired", self._sql(self._repair_sql()).localCheckpoint(eager=False, storageLevel=StorageLevel.DISK_ONLY))
+                self._bind("__repaired", self.checkpoint(self._sql(self._repair_sql())))
             summed = self._sql(self._extremes_sql(repaired))
         self._bind("__summed", summed)
         summed_values = {}
         for a in self._value_arguments:
             if self._values[a] is not None:
                 self._bind(f"__vstate{a}", self._values[a])
-            summed_values[a] = self._sql(self._summed_values_sql(a)).localCheckpoint(eager=False, storageLevel=StorageLevel.DISK_ONLY)
+            summed_values[a] = self.checkpoint(self._sql(self._summed_values_sql(a)))
             self._bind(f"__vsummed{a}", summed_values[a])
         self._bind(ACC_VIEW, self._sql(self._versions_sql(time, shape, every_group=self.plan.ranked is not None)))
         if self.plan.ranked is None:
             changes = self._frame(shape.post)
         else:
-            top = self._frame(self.plan.ranked).localCheckpoint(eager=False, storageLevel=StorageLevel.DISK_ONLY)
+            top = self.checkpoint(self._frame(self.plan.ranked))
             changes = self._ranked_changes(top)
         output = None
         if whole:
@@ -218,6 +223,7 @@ class IncrementalDataflow:
             if self.plan.ranked is not None:
                 self._top = top
             self.hydrated = True
+            self._keep_pending()
 
         return Step(changes, commit, output)
 
@@ -354,6 +360,43 @@ class IncrementalDataflow:
 
     def _mark_hydrated(self) -> None:
         self.hydrated = True
+        self._keep_pending()
+
+    # --- Checkpoints ---------------------------------------------------------------------
+
+    def checkpoint(self, frame: DataFrame, *, eager: bool = False) -> DataFrame:
+        """`frame`, kept on the executors' local disks as the first job that reads it
+        computes it (or now, `eager`). It belongs to the step in progress, which must
+        `cut_lineage` before its commit keeps it as the state's (`_keep_pending`)."""
+        checkpointed = frame.localCheckpoint(eager=eager, storageLevel=StorageLevel.DISK_ONLY)
+        self._pending.append(checkpointed)
+        return checkpointed
+
+    def cut_lineage(self) -> None:
+        """Cut the lineage of the step's checkpoints, computing any partition no job of
+        the step did (it may fail: run before any commit changes state).
+
+        A lazy checkpoint cuts its lineage only when a job started by `runJob` computes
+        it, and here an adaptive query's shuffle stage usually does: left so, each state
+        kept the plans, RDDs and broadcast relations of every step before it, and TPC-H
+        q21's steps spent more and more of their time in the driver's GC until its heap
+        was full. `doCheckpoint` (internal to Spark, public in its bytecode) cuts it.
+        Checkpointing eagerly instead cost about 40 ms a step of a one-source GROUP BY
+        (a second job, and a read of the state)."""
+        for frame in self._pending:
+            _rdd(frame).doCheckpoint()
+
+    def _keep_pending(self) -> None:
+        """The end of a commit: the step's checkpoints become the state's, and the
+        state's before them are released (nothing reads them once the step's output was
+        used)."""
+        retired, self._kept, self._pending = self._kept, self._pending, []
+        release(retired)
+
+    def close(self) -> None:
+        """Release every checkpoint this dataflow holds (it is dropped or rebuilt)."""
+        release(self._kept + self._pending)
+        self._kept, self._pending = [], []
 
     # --- Plumbing ------------------------------------------------------------------------
 
@@ -365,6 +408,20 @@ class IncrementalDataflow:
 
     def _frame(self, template) -> DataFrame:
         return DataFrame(self.jvm.dataframe_jdf(template), self.session)
+
+
+def release(frames: list[DataFrame]) -> None:
+    """Drop checkpointed frames' blocks from the executors now. Spark's own cleaner drops
+    them once the JVM has collected their RDD, which may take until its periodic full
+    collection (every 30 minutes): a step a second would leave thousands of state
+    copies on disk by then."""
+    for frame in frames:
+        _rdd(frame).unpersist(False)
+
+
+def _rdd(checkpointed: DataFrame):
+    """The RDD a checkpointed frame reads (its plan is one `LogicalRDD`)."""
+    return checkpointed._jdf.logicalPlan().rdd()
 
 
 def _prefix(columns: str) -> str:

@@ -134,6 +134,10 @@ def maintainer(
 
 # --- Recompute -----------------------------------------------------------------------
 
+Evaluate = Callable[[int], tuple[DataFrame, Callable[[], None]]]
+"""The whole output at a time (lazy), and what releases what computing it kept."""
+
+
 
 class Recompute(Maintainer):
     """The whole output at every step (`evaluate(time)`, lazily), collected for an
@@ -146,14 +150,14 @@ class Recompute(Maintainer):
         desc: DataflowDescription,
         session: SparkSession,
         sink_readers: Mapping[str, StorageReader],
-        evaluate: Callable[[int], DataFrame],
+        evaluate: Evaluate,
     ) -> None:
         self.desc, self.session = desc, session
         self.sink_readers = sink_readers
         self.evaluate = evaluate
 
     def step(self, time: int) -> StepOutput:
-        full = self.evaluate(time)
+        full, release = self.evaluate(time)
         shared = bool(self.desc.index_exports) and bool(self.desc.sink_exports)
         if shared:  # read twice, by the index and by the sink diff: compute once
             full = full.persist(StorageLevel.MEMORY_AND_DISK)
@@ -168,10 +172,15 @@ class Recompute(Maintainer):
             before = None if reader.empty_before(current) else reader.snapshot(self.session, current - 1)
             return _difference(before, full)
 
-        return StepOutput(time, version, changes, full.unpersist if shared else _nothing)
+        def finish() -> None:
+            if shared:
+                full.unpersist()
+            release()
+
+        return StepOutput(time, version, changes, finish)
 
 
-def _native(desc: DataflowDescription, session: SparkSession, inputs: Mapping[str, Input], partitions: int | None) -> Callable[[int], DataFrame]:
+def _native(desc: DataflowDescription, session: SparkSession, inputs: Mapping[str, Input], partitions: int | None) -> Evaluate:
     """The query as Spark SQL over whole snapshots of its inputs.
 
     When it aggregates in an order-sensitive way (a floating-point sum, say), the inputs
@@ -181,21 +190,23 @@ def _native(desc: DataflowDescription, session: SparkSession, inputs: Mapping[st
     if partitions is not None:
         session.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
 
-    def evaluate(time: int) -> DataFrame:
+    def evaluate(time: int) -> tuple[DataFrame, Callable[[], None]]:
         for name, source in inputs.items():
             rows = _rows_at(session, source, time)
             (rows if partitions is None else canonical(rows, partitions)).createOrReplaceTempView(name)
-        return session.sql(desc.sql)
+        return session.sql(desc.sql), _nothing
 
     return evaluate
 
 
-def _from_scratch(desc: DataflowDescription, plan: DeltaPlan, session: SparkSession, inputs: Mapping[str, Input]) -> Callable[[int], DataFrame]:
-    """The delta plan hydrated afresh at every step: its first changes are the output."""
+def _from_scratch(desc: DataflowDescription, plan: DeltaPlan, session: SparkSession, inputs: Mapping[str, Input]) -> Evaluate:
+    """The delta plan hydrated afresh at every step: its first changes are the output,
+    and its state is released once they were used."""
 
-    def evaluate(time: int) -> DataFrame:
-        changes, _ = Incremental(desc, plan, session, inputs).changes(time)
-        return expand(changes, [c for c in changes.columns if c != DIFF])
+    def evaluate(time: int) -> tuple[DataFrame, Callable[[], None]]:
+        scratch = Incremental(desc, plan, session, inputs)
+        changes, _ = scratch.changes(time)
+        return expand(changes, [c for c in changes.columns if c != DIFF]), scratch.close
 
     return evaluate
 
@@ -262,7 +273,19 @@ class Incremental(Maintainer):
         for stage in set(self.stages.values()):
             stage.query.unchanged_through(time)
 
+    def _cut_lineage(self) -> None:
+        self.state.cut_lineage()
+        for stage in set(self.stages.values()):
+            stage.query._cut_lineage()
+
+    def close(self) -> None:
+        """Release the checkpoints of this dataflow's state and its stages'."""
+        self.state.close()
+        for stage in set(self.stages.values()):
+            stage.query.close()
+
     def restore(self, time: int) -> None:
+        self.close()
         self.state = IncrementalDataflow(self.plan, self.session, self.desc.name)
         self.stages = _stages(self.desc, self.plan, self.session, self.inputs)
         self.last_time, self._bound = None, {}
@@ -276,6 +299,7 @@ class Incremental(Maintainer):
         step = self.state.step(time, bindings, whole=whole)
 
         def commit() -> None:
+            self._cut_lineage()  # the one part that may fail: before any state changes
             for stage_commit in commits:
                 stage_commit()
             step.commit()
@@ -374,7 +398,7 @@ class _Stage:
         # are computed), which its next state and its output read, whatever the query's
         # own plan skips; and an empty change (a DISTINCT key that stays) costs the
         # query no term.
-        delta = _consolidated(step.changes.toDF(*columns)).localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY)
+        delta = query.state.checkpoint(_consolidated(step.changes.toDF(*columns)), eager=True)
         new = step.output.toDF(*columns)
         old = self.rows if self.rows is not None else new.limit(0)
 
