@@ -4,6 +4,7 @@ Spark Structured Streaming peer, against source size; and TPC-H after a change.
     .venv/bin/python bench/freshness_bench.py [--sizes 10000,100000,1000000,10000000]
         [--appends 10] [--only shapes|streaming|tpch] [--strategies incremental,recompute]
         [--shapes abc] [--tpch-sf 0.1] [--tpch-queries q1,q3,...] [--tpch-strategies auto,recompute]
+        [--tpch-changes 1]
 
 Shapes, on one `small` replica (local[2], 1 GB), over a source `sales` (id, one of 100
 regions, amount) of each size and a dimension `regions` (100 rows: region -> one of 10
@@ -27,8 +28,10 @@ the end of the micro-batch that read it.
 TPC-H: the 22 standard queries (or those `--tpch-queries` names) at `--tpch-sf` on two
 `small` replicas, each as a dataflow with an index; after a 1,000-row change to
 `lineitem` (half retractions), the time until each answers at the change's timestamp.
-`--tpch-strategies auto,recompute` runs the whole of it twice, once with every query
-forced to recompute, and prints the two side by side.
+`--tpch-changes N` makes N changes one after the other, the change and its undo in
+turn (each waits for every answer to the one before): a step that grows with the number
+of changes shows. `--tpch-strategies auto,recompute` runs the whole of it twice, once
+with every query forced to recompute, and prints the two side by side.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -176,10 +180,11 @@ def streaming(root: Path, rows: int, appends: int) -> list[float]:
     return samples
 
 
-def tpch(root: Path, sf: float, names: list[str], strategy: str = "auto") -> list[tuple[str, str, float, bool]]:
-    """(query, strategy, seconds from the lineitem change to its answer at that time,
-    whether that answer is Spark's over the changed tables), for the TPC-H queries
-    `names`, each created with `strategy`."""
+def tpch(root: Path, sf: float, names: list[str], strategy: str = "auto", changes: int = 1) -> list[tuple[str, str, list[float], bool]]:
+    """(query, strategy, seconds from each lineitem change to its answer at that time,
+    whether its last answer is Spark's over the changed tables), for the TPC-H queries
+    `names`, each created with `strategy`; `changes` changes, the change and its undo in
+    turn."""
     import tpch as benchmark
 
     queries = {name: benchmark.QUERIES[name] for name in names}
@@ -189,7 +194,7 @@ def tpch(root: Path, sf: float, names: list[str], strategy: str = "auto") -> lis
         client.create_instance("tpch")
         for name in ("r1", "r2"):
             client.add_replica("tpch", name, size="small")
-        loaded = max(benchmark.load(client, tables).values())
+        benchmark.load(client, tables)
         strategies = {}
         for name, sql in queries.items():
             view = client.create_dataflow("tpch", name, sql, index_key=[], strategy=strategy)
@@ -200,26 +205,30 @@ def tpch(root: Path, sf: float, names: list[str], strategy: str = "auto") -> lis
             client.peek("tpch", name, consistency="strict", timeout_ms=3_600_000)
         log(f"TPC-H SF {sf}: all {len(queries)} hydrated in {time.monotonic() - started:.0f} s")
         lineitem_change = benchmark.lineitem_change(tables, 1000, seed=7)
-        results: dict[str, float] = {}
+        diff = benchmark.DIFF
+        lineitem_undo = lineitem_change.set_column(lineitem_change.schema.get_field_index(diff), diff, pc.negate(lineitem_change[diff]))
+        results: dict[str, list[float]] = {name: [] for name in queries}
         answers: dict[str, pa.Table] = {}
-        started = time.monotonic()
-        client.append("lineitem", lineitem_change)
+        for number in range(changes):
+            started = time.monotonic()
+            client.append("lineitem", lineitem_undo if number % 2 else lineitem_change)
 
-        def wait(name: str) -> None:
-            from controller.client import Client
+            def wait(name: str, started: float = started) -> None:
+                from controller.client import Client
 
-            with Client.connect(client.address) as own:
-                answers[name] = own.peek("tpch", name, consistency="strict", timeout_ms=3_600_000).table
-            results[name] = time.monotonic() - started
+                with Client.connect(client.address) as own:
+                    answers[name] = own.peek("tpch", name, consistency="strict", timeout_ms=3_600_000).table
+                results[name].append(time.monotonic() - started)
 
-        threads = [threading.Thread(target=wait, args=(name,)) for name in queries]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    # Spark's own answers over the changed tables, after the replicas stopped.
+            threads = [threading.Thread(target=wait, args=(name,)) for name in queries]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            log(f"change {number + 1} of {changes}: all {len(queries)} answered after {max(r[-1] for r in results.values()):.1f} s")
+    # Spark's own answers over the tables after the last change, after the replicas stopped.
     session = benchmark._spark_session(root / "check")
-    benchmark._register(session, benchmark.apply_change(tables, lineitem_change))
+    benchmark._register(session, benchmark.apply_change(tables, lineitem_change) if changes % 2 else tables)
     same = {name: _rows(answers[name]) == _rows(benchmark._run(session, name)[0]) for name in queries}
     session.stop()
     return [(name, strategies[name], results[name], same[name]) for name in queries]
@@ -240,6 +249,7 @@ def main() -> None:
     parser.add_argument("--tpch-sf", type=float, default=0.1)
     parser.add_argument("--tpch-queries", default=",".join(f"q{i}" for i in range(1, 23)))
     parser.add_argument("--tpch-strategies", default="auto", help="auto,recompute: both, one after the other, side by side")
+    parser.add_argument("--tpch-changes", type=int, default=1, help="changes one after the other: the change, its undo, ...")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     table = {}
@@ -275,20 +285,24 @@ def main() -> None:
         runs = {}
         for strategy in args.tpch_strategies.split(","):
             with tempfile.TemporaryDirectory(prefix="tandem-tpch-") as root:
-                runs[strategy] = tpch(Path(root), args.tpch_sf, args.tpch_queries.split(","), strategy)
-        print(f"\n## TPC-H SF {args.tpch_sf}, two small replicas: a 1,000-row lineitem change to every answer\n")
+                runs[strategy] = tpch(Path(root), args.tpch_sf, args.tpch_queries.split(","), strategy, args.tpch_changes)
+        print(f"\n## TPC-H SF {args.tpch_sf}, two small replicas: a 1,000-row lineitem change to every answer ({args.tpch_changes} changes)\n")
         print(f"| query | strategy | {' | '.join(f'seconds ({s})' for s in runs)} | answer is Spark's |")
         print(f"|---|---|{'---|' * len(runs)}---|")
         first = next(iter(runs.values()))
         for i, (name, strategy, _, _) in enumerate(first):
             same = all(answers[i][3] for answers in runs.values())
-            print(f"| {name} | {strategy} | {' | '.join(f'{answers[i][2]:.1f}' for answers in runs.values())} | {'yes' if same else 'NO'} |")
+            cells = (", ".join(f"{s:.1f}" for s in answers[i][2]) for answers in runs.values())
+            print(f"| {name} | {strategy} | {' | '.join(cells)} | {'yes' if same else 'NO'} |")
         for run, answers in runs.items():
-            incremental = [s for _, strategy, s, _ in answers if strategy == "incremental"]
-            maintained = f"the {len(incremental)} incremental ones reflect it after {max(incremental):.1f} s; " if incremental else ""
+            def slowest(rows) -> str:  # the last answer to each change
+                return ", ".join(f"{max(column):.1f}" for column in zip(*(seconds for _, _, seconds, _ in rows)))
+
+            incremental = [row for row in answers if row[1] == "incremental"]
+            maintained = f"the {len(incremental)} incremental ones reflect it after {slowest(incremental)} s; " if incremental else ""
             print(
-                f"\n{run}: {maintained}all {len(answers)} after {max(s for _, _, s, _ in answers):.1f} s; "
-                f"{sum(same for *_, same in answers)} of {len(answers)} answers are Spark's"
+                f"\n{run}: {maintained}all {len(answers)} after {slowest(answers)} s; "
+                f"{sum(same for *_, same in answers)} of {len(answers)} last answers are Spark's"
             )
 
 
