@@ -308,7 +308,7 @@ def release_dropped_proxies() -> None:
     it), so CPython frees it only in a cyclic collection of its generation; one that
     lived through a step has reached the oldest, rarely collected one. Until then the
     JVM keeps the Dataset it stands for, with its plans and broadcast relations: stepping
-    TPC-H q21 without this, its driver's GC time grew from 1.8 to 16 s a step over six
+    TPC-H q21 without this, its driver's GC time grew from 1.8 to 17 s a step over six
     changes."""
     gc.collect()
 

@@ -26,9 +26,10 @@ old and new accumulators at once; the touched groups' old and new values are the
 output's changes, and the new sums the next state. The state is checkpointed on the
 executors' local disks as that query computes it (`localCheckpoint`; the step's commit
 cuts its lineage and releases the state before): it is never read from storage again,
-and a step reads an input whole only to repair dirty extremes. A step's cost is the change plus one pass over the state (one row per
-group; one per group and value for COUNT(DISTINCT)), not the inputs: for a few
-thousand groups, that pass is a few milliseconds.
+and a step reads an input whole only to repair dirty extremes. A step's cost is the
+change plus one pass over the state (one row per group; one per group and value for
+COUNT(DISTINCT)), not the inputs: for a few thousand groups, that pass is a few
+milliseconds.
 
 Path independence: every accumulator is an exact sum over the group's rows whatever
 their order, partitioning or the times they arrived at, and the output is a function of

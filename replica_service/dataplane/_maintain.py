@@ -138,7 +138,6 @@ Evaluate = Callable[[int], tuple[DataFrame, Callable[[], None]]]
 """The whole output at a time (lazy), and what releases what computing it kept."""
 
 
-
 class Recompute(Maintainer):
     """The whole output at every step (`evaluate(time)`, lazily), collected for an
     index, and diffed against a sink's contents for a materialized view."""
