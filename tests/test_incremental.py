@@ -248,8 +248,8 @@ def _local_checkpoints(session) -> dict[int, bool]:
     ids=["extremes", "stage", "ranked"],
 )
 def test_a_dataflow_keeps_one_states_checkpoints_however_many_steps(env, sql):
-    """A step checkpoints the state it leads to with its lineage cut at once, and its
-    commit releases the state before: the blocks a dataflow keeps do not grow with its
+    """A step checkpoints the state it leads to, and its commit cuts their lineage and
+    releases the state before: the blocks a dataflow keeps do not grow with its
     steps, and no state pins the plans of the steps before it. (Lazy checkpoints, which
     an adaptive query's shuffle stage computes without cutting their lineage, chained
     every step's plans and broadcast relations until the driver's heap was full.)"""
