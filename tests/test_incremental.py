@@ -279,17 +279,18 @@ def test_released_proxies_let_the_jvm_drop_their_objects(env):
     its object until a cyclic collection frees the proxy."""
     session = env["session"]
     bindings = session.sparkContext._gateway.java_gateway_server.getGateway().getBindings()
-    gc.disable()  # no collection between the drop and the check
+    gc.disable()  # only the collection under test frees the proxy
     try:
         frame = session.range(3).selectExpr("id + 1 AS x")
         frame._jdf.schema()  # a bound method cached on the proxy: the cycle
         target = frame._jdf._target_id
         del frame
+        sleep(0.5)
         assert bindings.containsKey(target)
+        _spark.release_dropped_proxies()
+        deadline = monotonic() + 10
+        while bindings.containsKey(target) and monotonic() < deadline:  # py4j tells the JVM from a thread
+            sleep(0.05)
+        assert not bindings.containsKey(target)
     finally:
         gc.enable()
-    _spark.release_dropped_proxies()
-    deadline = monotonic() + 10
-    while bindings.containsKey(target) and monotonic() < deadline:  # py4j tells the JVM from a thread
-        sleep(0.05)
-    assert not bindings.containsKey(target)
