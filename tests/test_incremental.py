@@ -274,6 +274,12 @@ def test_a_dataflow_keeps_one_states_checkpoints_however_many_steps(env, sql):
     assert counts[1:] == [counts[1]] * 5, counts
 
 
+def test_a_replica_session_takes_task_memory_in_small_pages(env):
+    """A step's few rows must not cost a page sized to the heap per operator and task:
+    the pages a replica's session allocates are 1 MB whatever its driver memory."""
+    assert env["session"].sparkContext.getConf().get("spark.buffer.pageSize") == "1m"
+
+
 def test_released_proxies_let_the_jvm_drop_their_objects(env):
     """A py4j proxy whose methods were called sits in a reference cycle: the JVM keeps
     its object until a cyclic collection frees the proxy."""
