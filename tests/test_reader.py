@@ -199,3 +199,32 @@ def test_a_shared_snapshot_is_released_when_its_batches_are_compacted_and_when_t
 
     source.reader.close()
     assert not again.storageLevel.useDisk
+
+
+def _net_rows(frame: DataFrame) -> list[tuple]:
+    """The rows updates amount to: `_diff` summed per row, zero sums gone."""
+    table = frame.toArrow().group_by(["id", "k", "x"]).aggregate([("_diff", "sum")])
+    return sorted((row["id"], row["k"], row["x"], row["_diff_sum"]) for row in table.to_pylist() if row["_diff_sum"])
+
+
+def test_a_base_serves_every_step_until_compaction_replaces_its_batches(env):
+    """The persisted base of an input read whole at every step is kept while its batches
+    are the collection's, newer batches read beside it, and rebuilt once compaction has
+    replaced them (their files will be collected), with the same rows."""
+    session = env["session"]
+    source = Source(env)
+    source.append(session, [{"id": 1, "k": "a", "x": 1.0}])
+    t = source.append(session, [{"id": 2, "k": "b", "x": 2.0}])
+    source.reader.updates(session, t, cache=True)
+    base = source.reader._base
+    t = source.append(session, [{"id": 3, "k": None, "x": 3.0}], picks=[0])
+    before = _net_rows(source.reader.updates(session, t, cache=True))
+    assert source.reader._base is base and base.frame.storageLevel.useDisk
+
+    source.storage.acquire_read_hold(source.id, "test", Frontier(t))
+    assert source.storage.compact(source.id) == 2  # the base's two batches
+    source.reader.refresh(session)
+    after = _net_rows(source.reader.updates(session, t, cache=True))
+    assert source.reader._base is not base and not base.frame.storageLevel.useDisk
+    assert after == before == [(2, "b", 2.0, 1), (3, None, 3.0, 1)]
+    source.reader.close()
