@@ -106,8 +106,9 @@ def session_conf(settings: SparkSettings, work_dir: Path) -> dict[str, str]:
         # Every hash aggregate, hash join and sort of a task takes its memory in pages
         # of this size, allocated (and zeroed) whole at its first row. Spark sizes them
         # to the heap (16 MB on a 1 GB driver): a step of TPC-H q21, 160 tasks over a
-        # few thousand rows, then allocated gigabytes, and spent half its executor time
-        # in the JVM's collector (bench/RESULTS.md). Large inputs just take more pages.
+        # few thousand rows, then allocated gigabytes, filling the old generation
+        # between full collections (ARCHITECTURE "Memory pages"). Large inputs just
+        # take more pages.
         "spark.buffer.pageSize": "1m",
     }
     conf.update(settings.conf)
