@@ -303,8 +303,8 @@ def _stale(base: _Base, batches: list[BatchFile], through: int) -> bool:
     """Whether a read through `through` of `batches` (the collection's, through then)
     needs a new base: this one is ahead of it, reads batches compaction has replaced
     (their files will be collected), or has too many newer batches read beside it.
-    (It was rebuilt every minute too: a rebuild of TPC-H lineitem's cost the step that
-    paid it 4.5 s, and an input that does not change needs none.)"""
+    (It was rebuilt every minute too: rebuilding TPC-H lineitem's base cost the step
+    that did it 4.5 s, and an input that does not change needs none.)"""
     if base.through > through or not {b.uri for b in batches}.issuperset(base.batches):
         return True
     return sum(1 for b in batches if b.uri not in base.batches) > BASE_MAX_TAIL
