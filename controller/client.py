@@ -454,6 +454,12 @@ class Client:
         if any(key == codec.STATUS_METADATA_KEY for key, _ in error.trailing_metadata() or ()):
             return TandemError(code, details)
         where = f"the controller at {self.address}"
+        if code is grpc.StatusCode.CANCELLED:
+            # This client never cancels a call it waits on, so the server's gRPC stack did:
+            # a controller shutting down (fenced, stopped) cancels calls that reach it
+            # after its server began to stop. For the caller that is UNAVAILABLE, as a
+            # call cut off at the end of the stop's grace already is.
+            return TandemError(grpc.StatusCode.UNAVAILABLE, f"{where} went away before answering {method} ({details})")
         messages = {
             grpc.StatusCode.UNAVAILABLE: f"cannot reach {where}: {details}",
             grpc.StatusCode.DEADLINE_EXCEEDED: (

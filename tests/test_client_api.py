@@ -19,6 +19,7 @@ import operator
 import socket
 import threading
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from importlib import metadata
 from typing import Any
@@ -1163,6 +1164,27 @@ def test_peek_deadline_follows_its_timeout(client, api, monkeypatch):
     client.resize("prod", "large", timeout_ms=60_000)
     client.list_sources()
     assert seen == [("Peek", 12.0), ("Query", 10.5), ("Resize", 70.0), ("ListSources", 120.0)]
+
+
+def test_a_call_the_servers_grpc_stack_cancels_is_unavailable():
+    # A controller whose server is stopping (fenced, say) has its gRPC stack cancel the
+    # calls that reach it meanwhile: CANCELLED, with no status of the controller's. A
+    # bare gRPC server that answers so stands in for that race.
+    def cancelled(request: bytes, context: grpc.ServicerContext) -> bytes:
+        context.abort(grpc.StatusCode.CANCELLED, "CANCELLED")
+
+    handlers = {"ListSources": grpc.unary_unary_rpc_method_handler(cancelled)}
+    server = grpc.server(ThreadPoolExecutor(max_workers=1))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("tandem.v1.Controller", handlers),))
+    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    server.start()
+    try:
+        with Client(address) as client:
+            error = refusal(lambda: client.list_sources())
+    finally:
+        server.stop(0)
+    assert error.code is grpc.StatusCode.UNAVAILABLE
+    assert error.message == f"the controller at {address} went away before answering ListSources (CANCELLED)"
 
 
 def test_an_unreachable_controller_is_unavailable_naming_the_address():
