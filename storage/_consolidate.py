@@ -26,15 +26,32 @@ class NegativeCount(FailedPrecondition):
 
 
 def consolidate(table: pa.Table, keys: Sequence[str]) -> pa.Table:
-    """Columns `keys` and `_diff`: one row per distinct value of `keys` (nulls equal,
-    NaNs equal), `_diff` the sum of its diffs; rows whose diffs sum to zero are gone.
-    Sorted by `keys`."""
+    """Columns `keys` and `_diff`: one row per distinct value of `keys` (nulls equal;
+    floats equal as SQL compares them, see `_normalized`), `_diff` the sum of its diffs;
+    rows whose diffs sum to zero are gone. Sorted by `keys`."""
     keys = list(keys)
+    table = _normalized(table, keys)
     grouped = table.group_by(keys, use_threads=False).aggregate([(DIFF, "sum")])
     grouped = grouped.select([*keys, f"{DIFF}_sum"]).rename_columns([*keys, DIFF])
     grouped = grouped.filter(pc.not_equal(grouped[DIFF], 0))
     schema = pa.schema([*(table.schema.field(k) for k in keys), table.schema.field(DIFF)])
     return grouped.cast(schema).sort_by([(k, "ascending") for k in keys])
+
+
+def _normalized(table: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """`table` with each float column of `keys` as Spark groups it: -0.0 as 0.0 and every
+    NaN as the one NaN. Arrow groups floats by their bits, so a row inserted with 0.0 and
+    retracted with -0.0 stayed, and a compacted batch then held both, +1 and -1, which a
+    snapshot read here refused as a negative count while Spark's readers cancelled them."""
+    for name in keys:
+        column = table[name]
+        if not pa.types.is_floating(column.type):
+            continue
+        zero, nan = pa.scalar(0.0, column.type), pa.scalar(float("nan"), column.type)
+        column = pc.if_else(pc.equal(column, zero), zero, column)
+        column = pc.if_else(pc.is_nan(column), nan, column)
+        table = table.set_column(table.schema.get_field_index(name), name, column)
+    return table
 
 
 def expand(table: pa.Table, keys: Sequence[str], what: str) -> pa.Table:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import math
 import os
+import struct
 import time
 from pathlib import Path
 
@@ -390,6 +392,27 @@ def test_compaction_that_cancels_out_leaves_no_batch(
     assert ids(storage.read_snapshot(source, 2)) == [5]
     storage.collect_garbage(0)
     assert files(blob_dir) == manifest_paths(storage, source)
+
+
+def test_floats_equal_in_sql_are_one_row_to_compaction_and_reads(storage: Storage) -> None:
+    # As Spark groups them: a row inserted with 0.0 is retracted with -0.0, and NaNs of
+    # any bits are one value. Compaction used to keep both signs (+1 and -1), and a
+    # snapshot read of the compacted batch then failed with a negative count.
+    id = storage.create_source("readings", "x DOUBLE, y FLOAT").id
+    nan, other_nan = float("nan"), struct.unpack(">d", bytes.fromhex("fff8000000000001"))[0]
+    storage.compare_and_append(id, F(0), F(1), [{"x": 0.0, "y": -0.0}, {"x": nan, "y": 1.0}, {"x": 2.5, "y": None}])
+    retract = [{"x": -0.0, "y": 0.0, "_diff": -1}, {"x": other_nan, "y": 1.0, "_diff": -1}]
+    storage.compare_and_append(id, F(1), F(2), retract)
+    storage.compare_and_append(id, F(2), F(3), [{"x": -0.0, "y": -0.0}])
+    assert storage.read_snapshot(id, 1).to_pylist() == [{"x": 2.5, "y": None}]
+    changes = [(str(r["x"]), r["y"], r["_time"], r["_diff"]) for r in storage.read_changes(id, 0, 2).to_pylist()]
+    assert changes == [("0.0", 0.0, 1, -1), ("nan", 1.0, 1, -1), ("0.0", 0.0, 2, 1)]
+    storage.acquire_read_hold(id, "h", F(2))
+    assert storage.compact(id) == 2
+    assert [b.rows for b in storage.catalog.manifest(id).batches] == [1, 1]  # 2.5, then -0.0
+    contents = storage.read_snapshot(id, 2).to_pylist()
+    assert contents == [{"x": 0.0, "y": 0.0}, {"x": 2.5, "y": None}]
+    assert [math.copysign(1, row["x"]) for row in contents] == [1, 1]  # 0.0, not -0.0
 
 
 def test_a_compaction_that_lost_the_race_removes_its_file(
