@@ -635,8 +635,7 @@ class ComputeInstance:
         if reports.get(replica.name) == digest:
             return []
         reports[replica.name] = digest
-        while len(versions) > DIGEST_TIMES_KEPT:
-            del versions[min(versions)]
+        self._forget_old_digests(key)
         reports = {name: d for name, d in reports.items() if name in self.replicas}
         name = self.dataflows[key].desc.name
         if len(reports) < 2:
@@ -678,7 +677,18 @@ class ComputeInstance:
         if digest not in reports.values():
             self._event("arbitration", f"no replica matches a fresh recompute of dataflow {dataflow.desc.name} at {time} ({digest})")
         # The disagreement was counted when it was found.
-        return self._distrust(key, time, digest, f"a fresh recompute from storage has {digest}", counted=True)
+        effects = self._distrust(key, time, digest, f"a fresh recompute from storage has {digest}", counted=True)
+        self._forget_old_digests(key)
+        return effects
+
+    def _forget_old_digests(self, key: str) -> None:
+        """Keep the digests of dataflow `key`'s newest `DIGEST_TIMES_KEPT` times, and of
+        every time whose recompute from storage has not answered yet: replicas may report
+        many newer times while it runs, and its answer must still find who disagreed."""
+        versions = self.digests.get(key, {})
+        undisputed = sorted(t for t in versions if (key, t) not in self.arbitrations)
+        for time in undisputed[: max(0, len(undisputed) - DIGEST_TIMES_KEPT)]:
+            del versions[time]
 
     def _distrust(self, key: str, time: int, right: str, because: str, *, counted: bool = False) -> list[Effect]:
         """Every replica whose digest of `key` at `time` is not `right` has diverged: it

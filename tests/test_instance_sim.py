@@ -28,6 +28,7 @@ import pytest
 from catalog import DEFAULT_MAX_LAG_MS, DEFAULT_MIN_IN_SYNC, DEFAULT_REPLICA_TIMEOUT_MS
 from controller._instance import (
     Arbitrate,
+    DIGEST_TIMES_KEPT,
     ComputeInstance,
     Connect,
     Disconnect,
@@ -1231,6 +1232,31 @@ def test_two_replicas_that_disagree_are_settled_by_a_fresh_recompute():
     assert Disconnect("r1", 1) in effects and "a fresh recompute from storage has b" in instance.replicas["r1"].diverged
     assert instance.replicas["r2"].diverged is None
     assert instance.divergences == 1  # one disagreement, counted once
+
+
+def test_a_disputed_time_is_kept_until_its_recompute_answers():
+    """A recompute from storage can take longer than the replicas take to report many
+    newer times: the disputed time's digests are kept beyond the window until it answers,
+    so the answer still finds the replica that disagreed."""
+    instance = new_instance()
+    connect(instance, "r1")
+    connect(instance, "r2")
+    instance.create_dataflow(dataflow("u2", as_of=100))
+    digest_report(instance, "r1", "u2", 150, "right")
+    assert digest_report(instance, "r2", "u2", 150, "wrong") == [Arbitrate("u2", 150)]
+    for time in range(151, 151 + 2 * DIGEST_TIMES_KEPT):  # both agree, while the recompute runs
+        digest_report(instance, "r1", "u2", time, f"v{time}")
+        digest_report(instance, "r2", "u2", time, f"v{time}")
+    assert len(instance.digests["u2"]) == DIGEST_TIMES_KEPT + 1  # the window, and the disputed time
+
+    effects = instance.arbitrated("u2", 150, "right")
+
+    assert Disconnect("r2", 1) in effects and "a fresh recompute from storage has right" in instance.replicas["r2"].diverged
+    assert instance.replicas["r1"].diverged is None
+    assert not any("no replica matches" in e.message for e in instance.events)
+    assert 150 not in instance.digests["u2"]  # settled: the window alone again
+    digest_report(instance, "r1", "u2", 500, "x")
+    assert len(instance.digests["u2"]) == DIGEST_TIMES_KEPT
 
 
 def test_a_recompute_that_fails_or_matches_no_one_decides_nothing():
