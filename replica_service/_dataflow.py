@@ -12,6 +12,7 @@ Nothing here awaits or touches Spark; `Replica` decides when to call what.
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Sequence, Union
 
@@ -78,7 +79,9 @@ class Dataflow:
     `Schedule`, stopped when every export was compacted to the empty frontier or when
     reconciliation drops it. `error` is set once, by the first failed step, and the
     dataflow then stops advancing. `maintainer` is built by the first step and kept
-    while the dataflow lives.
+    while the dataflow steps; its Spark state is released once it stops (dropped,
+    failed, at `until`) and when a failure rebuilds it. `stepping` is its latest step on
+    a worker, which runs on when a drop cancels the dataflow's task.
     """
 
     desc: DataflowDescription
@@ -94,7 +97,8 @@ class Dataflow:
     digest_time: int | None = None  # that version's time
     dropped: set[str] = field(default_factory=set)  # exports compacted to the empty frontier
     steps: int = 0  # versions computed, ever
-    computing: int | None = None  # the time of the step running on Spark, if one is
+    job_group: str | None = None  # the Spark job group of the step running, if one is
+    stepping: Future | None = None
     last_step_ms: int = 0
     rows_changed: int = 0  # by the latest step
 

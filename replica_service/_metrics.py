@@ -15,6 +15,7 @@ from prometheus_client import Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from protocol.metrics import LoopCollector, Sample
+from replica_service import _spark
 
 if TYPE_CHECKING:
     from replica_service._dataflow import Dataflow
@@ -31,6 +32,7 @@ _FAMILIES = {
     "tandem_replica_dataflows_built": (CounterMetricFamily, "Dataflows built", []),
     "tandem_replica_heartbeats": (CounterMetricFamily, "Status reports sent", []),
     "tandem_replica_peeks_pending": (GaugeMetricFamily, "Reads not answered yet", []),
+    "tandem_replica_spark_state_bytes": (GaugeMetricFamily, "Bytes of persisted and checkpointed blocks Spark keeps: dataflow state, input bases", []),
 }
 
 
@@ -86,6 +88,7 @@ class ReplicaMetrics(LoopCollector):
             Sample("tandem_replica_dataflows_built", (), replica.dataflows_built),
             Sample("tandem_replica_heartbeats", (), replica.heartbeats),
             Sample("tandem_replica_peeks_pending", (), len(replica.peeks)),
+            Sample("tandem_replica_spark_state_bytes", (), _spark.state_bytes()),
         ]
         for dataflow in replica.dataflows.values():
             name = (dataflow.desc.name,)

@@ -524,9 +524,16 @@ class Replica:
     # --- Dataflows -----------------------------------------------------------------------
 
     async def _run(self, dataflow: Dataflow) -> None:
-        """Compute `dataflow` until it is dropped, fails, or reaches `until`."""
+        """Compute `dataflow` until it is dropped, fails, or reaches `until`; then
+        release its Spark state."""
+        try:
+            await self._steps(dataflow, self.wakeups[dataflow.id])
+        finally:
+            self._release_state(dataflow)
+
+    async def _steps(self, dataflow: Dataflow, wakeup: asyncio.Event) -> None:
+        """Step `dataflow` through the times its inputs reach, at each `wakeup`."""
         loop = asyncio.get_running_loop()
-        wakeup = self.wakeups[dataflow.id]
         session = None
         passing_failures = 0
         while True:
@@ -563,7 +570,7 @@ class Replica:
                     passing_failures += 1
                     message = _spark_error_message(e)
                     log.warning("dataflow %s: step failed (%s), rebuilding its state, retry %d", dataflow.desc.name, message, passing_failures)
-                    dataflow.maintainer = None
+                    self._release_state(dataflow)
                     await asyncio.sleep(min(2**passing_failures, 30))
                     wakeup.set()
                 else:  # an error in the user's SQL or data: this dataflow fails alone
@@ -572,6 +579,22 @@ class Replica:
             if dataflow.frontier.is_empty or dataflow.frontier == dataflow.desc.until:
                 return
             await wakeup.wait()  # set by the storage poller or an upstream dataflow
+
+    def _release_state(self, dataflow: Dataflow) -> None:
+        """Release the Spark state of `dataflow`'s maintainer (its checkpoints: a drop
+        would otherwise leave them until the JVM collects their RDDs, which may take half
+        an hour); a next step builds a new one. With a step still on a worker (a drop
+        cancelled the task awaiting it), once that step ends."""
+        step = dataflow.stepping
+        if step is not None and not step.done():
+            step.add_done_callback(lambda _: self._release_state(dataflow))
+            return
+        built, dataflow.maintainer = dataflow.maintainer, None
+        if built is not None:
+            try:
+                built.close()
+            except Exception as e:  # a stopped session or a dead JVM holds nothing more
+                log.debug("dataflow %s: releasing its state failed: %s", dataflow.desc.name, e)
 
     def _lost_jvm(self, computing: set[str]) -> None:
         """The JVM is gone (an OutOfMemoryError in a task kills it): record what it was
@@ -597,13 +620,24 @@ class Replica:
         sink_upper = time + 1 if following.is_empty else following.time
         queued = monotonic()
         self.in_flight.add(dataflow.id)
-        dataflow.computing = time
+        group = dataflow.job_group = _spark.step_job_group(dataflow.id, time)
         try:
             pool = self._light_step_pool if dataflow.light else self._step_pool
-            rows, changed, started = await loop.run_in_executor(pool, self._compute, dataflow, session, time, previous, sink_upper)
+            dataflow.stepping = pool.submit(self._compute, dataflow, session, time, group, previous, sink_upper)
+            rows, changed, started = await asyncio.wrap_future(dataflow.stepping)
+        except asyncio.CancelledError:
+            # Dropped (or the replica stops): its Spark jobs stop too, and later ones of
+            # the step are refused, so that they no longer hold the cluster. Called here,
+            # not on the storage workers: they may all wait for Spark jobs that wait for
+            # the cores this step holds (it only posts an event to Spark's scheduler).
+            try:
+                _spark.cancel_jobs(group)
+            except Exception as e:  # a dead JVM runs nothing
+                log.warning("dataflow %s: cancelling its step's Spark jobs failed: %s", dataflow.desc.name, e)
+            raise
         finally:
             self.in_flight.discard(dataflow.id)
-            dataflow.computing = None
+            dataflow.job_group = None
         # The step's own time: not the wait for a free worker, which says how busy the
         # replica is, not what the step costs.
         elapsed_ms = int(1000 * (monotonic() - started))
@@ -623,13 +657,15 @@ class Replica:
         dataflow.last_step_ms, dataflow.rows_changed = elapsed_ms, changed
         self._advance(dataflow, following)
 
-    def _compute(self, dataflow: Dataflow, session: SparkSession, time: int, previous: pa.Table | None, sink_upper: int) -> tuple[pa.Table | None, int, float]:
+    def _compute(
+        self, dataflow: Dataflow, session: SparkSession, time: int, group: str, previous: pa.Table | None, sink_upper: int
+    ) -> tuple[pa.Table | None, int, float]:
         """One step (blocking, on a step worker): the whole version for the indexes (None
         without any), the rows it changed and when the step started; the sinks written."""
         started = monotonic()
         session.sparkContext.setLocalProperty("spark.scheduler.pool", _spark.LIGHT_POOL if dataflow.light else dataflow.id)
         # Its jobs' tasks are the hydration progress the status reports.
-        session.sparkContext.setJobGroup(_spark.step_job_group(dataflow.id, time), f"dataflow {dataflow.desc.name} at {time}")
+        session.sparkContext.setJobGroup(group, f"dataflow {dataflow.desc.name} at {time}")
         if dataflow.maintainer is None:
             partitions = int(self.instance.conf().get("spark.sql.shuffle.partitions", "200"))
             sink_readers = {id: self.readers[id] for id in dataflow.sinks}
@@ -641,10 +677,14 @@ class Replica:
         if not dataflow.frontier.is_empty:
             dataflow.maintainer.unchanged_through(dataflow.frontier.time - 1)
         output = dataflow.maintainer.step(time)
-        rows = output.version(previous) if dataflow.arrangements else None
-        for id, sink in dataflow.sinks.items():
-            if id not in dataflow.dropped:
-                output.write(sink, sink_upper)
+        try:
+            rows = output.version(previous) if dataflow.arrangements else None
+            for id, sink in dataflow.sinks.items():
+                if id not in dataflow.dropped:
+                    output.write(sink, sink_upper)
+        except BaseException:
+            output.abandon()  # failed, or cancelled by a drop: what it persisted goes now
+            raise
         output.finish()
         _spark.release_dropped_proxies()
         return rows, output.rows_changed, started
@@ -819,7 +859,7 @@ class Replica:
 
     def status(self) -> StatusResponse:
         hydrating = {
-            d.id: _spark.step_job_group(d.id, d.computing) for d in self.dataflows.values() if d.computing is not None and not d.hydrated
+            d.id: d.job_group for d in self.dataflows.values() if d.job_group is not None and not d.hydrated
         }
         tasks = _spark.job_tasks(frozenset(hydrating.values())) if hydrating else {}
         dataflows = []

@@ -16,6 +16,7 @@ retry for a minute), and once running it reports an application left without exe
 from __future__ import annotations
 
 import gc
+import itertools
 import logging
 import math
 import os
@@ -458,7 +459,32 @@ def job_tasks(groups: frozenset[str]) -> dict[str, tuple[int, int]]:
 
 
 def step_job_group(dataflow_id: str, time: int) -> str:
-    return f"{dataflow_id}@{time}"
+    """The Spark job group of one step of a dataflow at `time`: new for every step, so
+    that cancelling one (`cancel_jobs`) refuses no other's jobs, not even those of a
+    dataflow rebuilt under the same id that steps at the same time."""
+    return f"{dataflow_id}@{time}#{next(_STEP_NUMBERS)}"
+
+
+def cancel_jobs(group: str) -> None:
+    """Cancel the running jobs of Spark job group `group`, and refuse any it starts
+    later."""
+    context = SparkContext._active_spark_context
+    if context is not None:
+        context._jsc.sc().cancelJobGroupAndFutureJobs(group, "because its step was cancelled")
+
+
+def state_bytes() -> float:
+    """Bytes of the blocks Spark keeps for persisted and checkpointed data (memory and
+    disk, every executor), as last read; NaN until read or when it cannot be. Never
+    blocks (a `_Watch`)."""
+    return _STATE_WATCH.get(None)
+
+
+def _read_state_bytes(_: None) -> float:
+    context = SparkContext._active_spark_context
+    if context is None:
+        return math.nan
+    return float(sum(info.memSize() + info.diskSize() for info in context._jsc.sc().getRDDStorageInfo()))
 
 
 def _read_job_tasks(groups: frozenset[str]) -> dict[str, tuple[int, int]]:
@@ -479,4 +505,6 @@ def _read_job_tasks(groups: frozenset[str]) -> dict[str, tuple[int, int]]:
     return tasks
 
 
+_STEP_NUMBERS = itertools.count()
 _JOB_WATCH = _Watch("job-watch", _read_job_tasks, {}, lambda error, groups: {})
+_STATE_WATCH = _Watch("state-watch", _read_state_bytes, math.nan, lambda error, _: math.nan)

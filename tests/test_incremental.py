@@ -239,6 +239,31 @@ def _local_checkpoints(session) -> dict[int, bool]:
     return {rdd.id(): rdd.isCheckpointed() for rdd in rdds if rdd.isLocallyCheckpointed()}
 
 
+def test_an_abandoned_step_keeps_nothing_in_spark(env):
+    """A step that failed, or whose dataflow was dropped, before it finished ends with
+    `StepOutput.abandon`: what it persisted (a recompute's state built afresh for the
+    step) is released, as a finished step's is. A dropped incremental dataflow's
+    maintainer releases its state with `close`."""
+    session = env["session"]
+    sources = Sources(env)
+    reader = StorageReader(sources.storage, sources.t)
+    time = sources.apply(([{"id": 1, "k": "a", "x": 1.5, "q": None, "n": 2}], [], [], [], []))
+    reader.refresh(session)
+    persisted = lambda: set(session.sparkContext._jsc.getPersistentRDDs().keySet())
+    before = persisted()
+    recompute = Flow(env, "abandoned", SHAPES["extremes"], "recompute", {"t": reader})
+    output = recompute.maintainer.step(time)
+    assert persisted() > before  # the state of the step's recompute
+    output.abandon()
+    assert persisted() == before
+
+    incremental = Flow(env, "closed", SHAPES["extremes"], "incremental", {"t": reader})
+    incremental.step(time)
+    assert persisted() > before  # its state
+    incremental.maintainer.close()  # dropped
+    assert persisted() == before
+
+
 @pytest.mark.parametrize(
     "sql",
     [

@@ -15,7 +15,7 @@ from test_runtime_ddl import SCHEMA, _active_replica, _controller, _stop
 from history import DataflowStatus, Frontier, FrontiersResponse, StatusResponse
 
 
-def _scrape(address: str) -> dict[tuple[str, frozenset], float]:
+def scrape(address: str) -> dict[tuple[str, frozenset], float]:
     with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
         text = response.read().decode()
     return {(s.name, frozenset(s.labels.items())): s.value for f in text_string_to_metric_families(text) for s in f.samples}
@@ -38,7 +38,7 @@ def test_metrics_show_history_frontiers_hydration_peeks_and_steps(tmp_path):
             status = StatusResponse(1, (DataflowStatus(index, True, steps=steps, last_step_ms=400),))
             controller.metrics.observe_status("main", "r1", status)
         address = controller.http.start("127.0.0.1:0")
-        scraped = await asyncio.to_thread(_scrape, address)  # the scrape reads state on this loop
+        scraped = await asyncio.to_thread(scrape, address)  # the scrape reads state on this loop
         await asyncio.to_thread(controller.http.close)
         await _stop(controller)
         return {"scraped": scraped, "index": index, "now": now}

@@ -9,6 +9,7 @@ same SQL run directly with Spark, in the test process, on the storage snapshot.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 import uuid
@@ -22,6 +23,7 @@ from catalog import Catalog
 from controller._process import wait_until
 from protocol import HelloAck, ipc_to_table
 from rows import assert_same_rows
+from test_metrics import scrape
 from replica_harness import ReplicaProcess, ScriptedClient
 from replica_service import _spark
 from replica_service._replica import DEFAULT_PARAMETERS
@@ -102,8 +104,9 @@ def spark(env):
     return env["planner"]
 
 
-def _dataflow(env, name: str, sql: str, imports: dict[str, str], *, key=None, materialized=False, as_of=None) -> h.DataflowDescription:
-    """Record a dataflow in the catalog (as the controller would) and describe it."""
+def _dataflow(env, name: str, sql: str, imports: dict[str, str], *, key=None, materialized=False, as_of=None, **options) -> h.DataflowDescription:
+    """Record a dataflow in the catalog (as the controller would; `options` of
+    `Catalog.create_dataflow` such as its strategy) and describe it."""
     catalog: Catalog = env["catalog"]
     storage: Storage = env["storage"]
     imported = [h.Import(alias, storage_id, "storage") for alias, storage_id in imports.items()]
@@ -119,6 +122,7 @@ def _dataflow(env, name: str, sql: str, imports: dict[str, str], *, key=None, ma
         as_of=h.Frontier(as_of if as_of is not None else since),
         index_key=key,
         materialized=materialized,
+        **options,
     )
     return info.description()
 
@@ -598,6 +602,41 @@ def test_hydration_progress_is_the_tasks_of_the_steps_job_group(spark):
     assert total >= 6  # at least one task per partition of the first stage
 
 
+def test_a_cancelled_steps_jobs_stop_and_its_later_ones_are_refused(spark):
+    """What a drop does to the step a worker is still running (`_spark.cancel_jobs`):
+    its running job fails at once, and a job the step starts after that is refused, so
+    that a dropped dataflow's hydration no longer holds the cluster; no later step is."""
+    group = _spark.step_job_group("u98", 5)
+    errors: list[Exception] = []
+
+    def step() -> None:
+        spark.sparkContext.setJobGroup(group, "a step")
+        for _ in range(2):
+            try:
+                spark.range(0, 10**13, numPartitions=2).selectExpr("sum(id)").collect()  # hours
+            except Exception as e:
+                errors.append(e)
+
+    thread = threading.Thread(target=step)
+    thread.start()
+    try:
+        wait_until(lambda: _spark.job_tasks(frozenset({group})).get(group, (0, 0))[1] > 0, 30, "the job to start")
+        _spark.cancel_jobs(group)
+        thread.join(30)
+        assert not thread.is_alive() and len(errors) == 2
+        running, later = (e.java_exception.toString() for e in errors)
+        assert "cancelled because its step was cancelled" in running and f"part of cancelled job group {group}" in later
+
+        def rebuilt_step() -> int:  # of a dataflow rebuilt under the same id, at the same time
+            spark.sparkContext.setJobGroup(_spark.step_job_group("u98", 5), "a rebuilt dataflow's step")
+            return spark.range(10).count()
+
+        with ThreadPoolExecutor(1) as pool:
+            assert pool.submit(rebuilt_step).result(30) == 10
+    finally:
+        spark.sparkContext.cancelJobGroup(group)
+
+
 SLOW_TO_HYDRATE = "select region, count(*) as n from (select region, explode(sequence(1, 400000)) as i from sales) group by region"
 
 
@@ -622,6 +661,29 @@ def test_a_hydrating_dataflow_reports_its_first_steps_tasks_then_none(env, sales
     assert (hydrated.hydration_tasks_done, hydrated.hydration_tasks_total) == (0, 0)
     small.send(h.AllowCompaction(id, h.Frontier.empty()))
     small.client.wait_for(lambda r: r.frontiers.get(id) == h.Frontier.empty(), 30, "the drop")
+
+
+def test_a_dataflow_dropped_while_hydrating_frees_the_cluster_at_once(env, sales, small):
+    """A drop cancels the Spark jobs of the step still running (hours of them here, on
+    `small`'s one core): the next dataflow hydrates at once, not after them."""
+    # Spark stops a cancelled task only between its input rows: the repartition makes
+    # each of the 3.2 million input rows of the long stage 20,000 rows of work.
+    endless = (
+        "select region, count(*) as n from (select region, explode(sequence(1, 20000)) as j from "
+        "(select /*+ REPARTITION(2) */ region, explode(sequence(1, 20000)) as i from sales)) group by region"
+    )
+    desc = _dataflow(env, "endless", endless, {"sales": sales["id"]}, key=["region"], as_of=sales["times"][-1])
+    id = desc.export_ids[0]
+    small.send(h.CreateDataflow(desc), h.Schedule(id))
+    hydrating = lambda r: any(d.id == id and d.hydration_tasks_total for s in r.statuses[-3:] for d in s.dataflows)
+    small.client.wait_for(hydrating, 120, "the hydration's tasks running")
+    small.send(h.AllowCompaction(id, h.Frontier.empty()))
+    small.client.wait_for(lambda r: r.frontiers.get(id) == h.Frontier.empty(), 30, "the drop")
+
+    after = _dataflow(env, "after_endless", TOTALS, {"sales": sales["id"]}, key=["region"], as_of=sales["times"][-1])
+    small.send(h.CreateDataflow(after), h.Schedule(after.export_ids[0]))
+    small.client.wait_frontier(after.export_ids[0], past=sales["times"][-1], timeout=60)
+    small.send(h.AllowCompaction(after.export_ids[0], h.Frontier.empty()))
 
 
 def _consolidated(reports: list[h.SubscribeResponse], through: int) -> dict[tuple, int]:
@@ -676,3 +738,32 @@ def test_a_subscription_to_what_is_not_an_index_here_is_an_error(small):
     small.send(h.Subscribe("feed-2", "u999999", 0))
     (report,) = small.client.wait_for(lambda r: r.subscriptions.get("feed-2"), 30, "the error")
     assert report.error == "collection u999999 is not an index on this replica" and not report.changes
+
+
+def test_a_dropped_dataflow_leaves_no_spark_state(env, sales, small):
+    """Last in the module: it drops every dataflow of `small` first, so that no other
+    step changes what Spark keeps meanwhile. An incremental dataflow's state (its
+    checkpoints) and its inputs' cached bases (of a join) live in Spark's block stores
+    while it lives and are released when it is dropped (before, the checkpoints stayed
+    until the JVM collected their RDDs, which may take half an hour):
+    `tandem_replica_spark_state_bytes` falls back to what it was before it."""
+    small.reconnect(small.epoch + 1, [h.CreateInstance(env["config"]), h.InitializationComplete()])  # nothing to keep
+    wait_until(lambda: not small.client.latest_status().dataflows, 30, "every dataflow dropped")
+    address = small.client.latest_status().metrics_address
+    state = lambda: scrape(address)[("tandem_replica_spark_state_bytes", frozenset())]
+    wait_until(lambda: not math.isnan(state()), 10, "the state read")  # a watch, read once a second
+    time.sleep(3)  # for the dropped dataflows' last steps to end and release
+    # What is left: blocks that a query planned before a release rebuilt, unowned (Spark's
+    # cleaner drops them once the JVM collects their RDDs).
+    baseline = state()
+
+    desc = _dataflow(env, "state_totals", JOINED, {"sales": sales["id"], "regions": sales["regions"]}, key=["country"], strategy="incremental")
+    small.send(h.CreateDataflow(desc), h.Schedule(desc.export_ids[0]))
+    t = append(env, sales, [{"id": 903, "region": "west", "amount": 1.0}])
+    small.client.wait_frontier(desc.export_ids[0], past=t)
+    wait_until(lambda: state() > baseline, 30, "the dataflow's state to show")
+
+    small.send(h.AllowCompaction(desc.export_ids[0], h.Frontier.empty()))
+
+    small.client.wait_for(lambda r: r.frontiers.get(desc.export_ids[0]) == h.Frontier.empty(), 30, "the drop")
+    wait_until(lambda: state() <= baseline, 30, "the Spark state released")

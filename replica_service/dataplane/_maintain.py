@@ -35,6 +35,7 @@ from storage import DIFF, snapshot_of
 from storage import consolidate as consolidate_updates
 from replica_service._arrangement import Arrangement, Version
 from replica_service.dataplane._incremental import Binding, IncrementalDataflow, Step
+from replica_service.dataplane._incremental import release as release_checkpoints
 from replica_service.dataplane._plan import DeltaPlan, Leaf, NotIncremental, delta_plan
 from replica_service.dataplane._reader import StorageReader
 from replica_service.dataplane._rows import arrow_frame, canonical, expand, normalized, quote
@@ -49,7 +50,9 @@ class StepOutput:
 
     `changes(current)` gives the output's changes at `time` as a sink must write them,
     given the sink's current upper (a recomputed version is diffed against the sink's
-    contents before it); `version(previous)` the whole version (an index's rows).
+    contents before it); `version(previous)` the whole version (an index's rows). A step
+    ends with `finish` (its state becomes the dataflow's) or, when anything on the way
+    failed or was cancelled, `abandon` (what it kept is released, the state stays).
     """
 
     time: int
@@ -57,6 +60,7 @@ class StepOutput:
     _version: Callable[[pa.Table | None], tuple[pa.Table, int]]
     _changes: Callable[[int], DataFrame]
     _finish: Callable[[], None]
+    _abandon: Callable[[], None]
     rows_changed: int = 0
     _collected: pa.Table | None = None
 
@@ -74,6 +78,9 @@ class StepOutput:
 
     def finish(self) -> None:
         self._finish()
+
+    def abandon(self) -> None:
+        self._abandon()
 
 
 class Maintainer:
@@ -99,6 +106,9 @@ class Maintainer:
         """No input changed between the last step and `time` (the dataflow's frontier
         passed it): the next step reads the changes after `time`, which the inputs'
         holds (at the frontier) keep readable, not those after the last step."""
+
+    def close(self) -> None:
+        """Release the Spark state it keeps between steps; it steps no more."""
 
 
 def maintainer(
@@ -158,8 +168,12 @@ class Recompute(Maintainer):
     def step(self, time: int) -> StepOutput:
         full, release = self.evaluate(time)
         shared = bool(self.desc.index_exports) and bool(self.desc.sink_exports)
-        if shared:  # read twice, by the index and by the sink diff: compute once
-            full = full.persist(StorageLevel.MEMORY_AND_DISK)
+        if shared:
+            # Read twice, by the index and by the sink diff: computed once, into blocks of
+            # this step's own. (Spark's cache is keyed by plan: two dataflows of one query
+            # shared an entry, the first to finish released it, and the other's job then
+            # built blocks that nothing released.)
+            full = full.localCheckpoint(eager=False, storageLevel=StorageLevel.MEMORY_AND_DISK)
 
         def version(previous: pa.Table | None) -> tuple[pa.Table, int]:
             table = full.toArrow()
@@ -171,12 +185,12 @@ class Recompute(Maintainer):
             before = None if reader.empty_before(current) else reader.snapshot(self.session, current - 1)
             return _difference(before, full)
 
-        def finish() -> None:
+        def finish() -> None:  # nothing to commit: a recompute keeps no state
             if shared:
-                full.unpersist()
+                release_checkpoints([full])
             release()
 
-        return StepOutput(time, version, changes, finish)
+        return StepOutput(time, version, changes, finish, finish)
 
 
 def _native(desc: DataflowDescription, session: SparkSession, inputs: Mapping[str, Input], partitions: int | None) -> Evaluate:
@@ -204,7 +218,11 @@ def _from_scratch(desc: DataflowDescription, plan: DeltaPlan, session: SparkSess
 
     def evaluate(time: int) -> tuple[DataFrame, Callable[[], None]]:
         scratch = Incremental(desc, plan, session, inputs)
-        changes, _ = scratch.changes(time)
+        try:
+            changes, _ = scratch.changes(time)
+        except BaseException:
+            scratch.close()
+            raise
         return expand(changes, [c for c in changes.columns if c != DIFF]), scratch.close
 
     return evaluate
@@ -265,12 +283,15 @@ class Incremental(Maintainer):
             names = [n for n in delta.column_names if n != DIFF]
             return _apply(previous, delta, self.desc.name, time), _rows_changed(consolidate_updates(delta, names))
 
-        def finish() -> None:
-            commit()
+        def abandon() -> None:  # the step's checkpoints go with the next step or `close`
             if shared:
                 changes.unpersist()
 
-        return StepOutput(time, version, lambda current: changes, finish)
+        def finish() -> None:
+            commit()
+            abandon()
+
+        return StepOutput(time, version, lambda current: changes, finish, abandon)
 
     def unchanged_through(self, time: int) -> None:
         if self.last_time is not None:

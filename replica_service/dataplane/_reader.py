@@ -110,6 +110,7 @@ class StorageReader:
         self._lock = threading.Lock()
         self._base: _Base | None = None
         self._shared: _Shared | None = None
+        self._closed = False  # no base or shared snapshot is kept any more
         self.refreshed = False  # the manifest was read at least once
 
     # --- The manifest --------------------------------------------------------------------
@@ -167,8 +168,9 @@ class StorageReader:
         with self._lock:
             self._check_readable(after + 1 if after is not None else through, through)
             batches = [b for b in self._batches if _overlaps(b, after, through)]
-            base = self._base if cache and after is None else None
-            if cache and after is None and (base is None or _stale(base, batches, through)):
+            cache = cache and after is None and not self._closed  # a step still running after the close
+            base = self._base if cache else None
+            if cache and (base is None or _stale(base, batches, through)):
                 base = self._base = self._new_base(session, batches, through)
         if base is not None and base.through <= through:
             frame = in_session(base.frame, session)
@@ -197,7 +199,7 @@ class StorageReader:
         with self._lock:
             self._check_readable(t, t)
             batches = [b for b in self._batches if _overlaps(b, None, t)]
-            shared, displaced = self._ask(_snapshot_key(batches, t), t) if share else (None, None)
+            shared, displaced = self._ask(_snapshot_key(batches, t), t) if share and not self._closed else (None, None)
         if displaced is not None:
             displaced.unpersist()  # see `_Shared`
         if shared is None:
@@ -272,7 +274,10 @@ class StorageReader:
             raise FailedPrecondition(f"cannot read {self.id} at {last} yet: its upper is {self.upper}")
 
     def close(self) -> None:
+        """Release the base and the shared snapshot; steps still running read on
+        without keeping either."""
         with self._lock:
+            self._closed = True
             if self._base is not None:
                 self._base.frame.unpersist()
                 self._base = None
