@@ -109,6 +109,14 @@ def connect(instance: ComputeInstance, name: str) -> tuple[ComputeCommand, ...]:
     return send.commands
 
 
+def two_replicas_computing_u2() -> ComputeInstance:
+    instance = new_instance()
+    connect(instance, "r1")
+    connect(instance, "r2")
+    instance.create_dataflow(dataflow("u2", as_of=100))
+    return instance
+
+
 def recorded(instance: ComputeInstance, effects: list) -> list:
     """`effects`, followed by what the instance does once the driver has recorded their
     sinces (and then those of what that moved), as the driver does it: by batch."""
@@ -188,10 +196,7 @@ def test_first_response_wins_and_the_rest_are_counted_late():
 
 
 def test_a_crashed_replica_is_rehydrated_with_the_next_epoch_and_replays_the_reduced_history():
-    instance = new_instance()
-    connect(instance, "r1")
-    connect(instance, "r2")
-    instance.create_dataflow(dataflow("u2", as_of=100))
+    instance = two_replicas_computing_u2()
     instance.create_dataflow(dataflow("u3", imports=(Import("in", "u2", "index"),), as_of=100))
     for time in range(150, 400, 50):  # many compactions: the history grows, then reduces
         for name in ("r1", "r2"):
@@ -1217,10 +1222,7 @@ def test_a_replica_whose_digest_disagrees_with_the_majority_answers_nothing_and_
 def test_two_replicas_that_disagree_are_settled_by_a_fresh_recompute():
     """No majority: the version is recomputed from storage (once per time), and the
     replica that disagrees with it has diverged."""
-    instance = new_instance()
-    connect(instance, "r1")
-    connect(instance, "r2")
-    instance.create_dataflow(dataflow("u2", as_of=100))
+    instance = two_replicas_computing_u2()
     digest_report(instance, "r1", "u2", 150, "a")
     assert digest_report(instance, "r2", "u2", 150, "b") == [Arbitrate("u2", 150)]
     assert digest_report(instance, "r2", "u2", 150, "b") == []  # asked once
@@ -1238,10 +1240,7 @@ def test_a_disputed_time_is_kept_until_its_recompute_answers():
     """A recompute from storage can take longer than the replicas take to report many
     newer times: the disputed time's digests are kept beyond the window until it answers,
     so the answer still finds the replica that disagreed."""
-    instance = new_instance()
-    connect(instance, "r1")
-    connect(instance, "r2")
-    instance.create_dataflow(dataflow("u2", as_of=100))
+    instance = two_replicas_computing_u2()
     digest_report(instance, "r1", "u2", 150, "right")
     assert digest_report(instance, "r2", "u2", 150, "wrong") == [Arbitrate("u2", 150)]
     for time in range(151, 151 + 2 * DIGEST_TIMES_KEPT):  # both agree, while the recompute runs
@@ -1260,10 +1259,7 @@ def test_a_disputed_time_is_kept_until_its_recompute_answers():
 
 
 def test_a_recompute_that_fails_or_matches_no_one_decides_nothing():
-    instance = new_instance()
-    connect(instance, "r1")
-    connect(instance, "r2")
-    instance.create_dataflow(dataflow("u2", as_of=100))
+    instance = two_replicas_computing_u2()
     digest_report(instance, "r1", "u2", 150, "a")
     digest_report(instance, "r2", "u2", 150, "b")
     assert instance.arbitrated("u2", 150, None, "its input was compacted") == []
