@@ -80,8 +80,8 @@ class Dataflow:
     reconciliation drops it. `error` is set once, by the first failed step, and the
     dataflow then stops advancing. `maintainer` is built by the first step and kept
     while the dataflow steps; its Spark state is released once it stops (dropped,
-    failed, at `until`) and when a failure rebuilds it. `stepping` is its latest step on
-    a worker, which runs on when a drop cancels the dataflow's task.
+    failed, at `until`) and when a failure rebuilds it. `stepping` is its step on a
+    worker while it runs, which a drop that cancels the dataflow's task does not stop.
     """
 
     desc: DataflowDescription

@@ -638,6 +638,8 @@ class Replica:
         finally:
             self.in_flight.discard(dataflow.id)
             dataflow.job_group = None
+            if dataflow.stepping is not None and dataflow.stepping.done():  # else a drop's release waits for it
+                dataflow.stepping = None  # its result holds a whole version's rows
         # The step's own time: not the wait for a free worker, which says how busy the
         # replica is, not what the step costs.
         elapsed_ms = int(1000 * (monotonic() - started))
