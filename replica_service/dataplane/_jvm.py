@@ -29,6 +29,7 @@ class Jvm:
         self._parser = jsession.sessionState().sqlParser()
         self._nil, self._none = self.seq(()), self.option.empty()
         self._quoted = self.analysis.UnresolvedAttribute.quoted
+        self.inner_join = getattr(getattr(jvm.org.apache.spark.sql.catalyst.plans, "Inner$"), "MODULE$")
 
     def seq(self, items: Iterable[Any]) -> Any:
         """A Scala immutable Seq of `items`."""

@@ -47,7 +47,7 @@ the same SQL over the same schemas, so they agree.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 from py4j.protocol import Py4JError
 from pyspark.errors.exceptions.captured import CapturedException
@@ -154,6 +154,11 @@ class _Builder:
         self.imports = imports
         self.leaves: list[Leaf] = []  # depth first, as `_collect_leaves` marks them
         self._stages: list[tuple[Any, DeltaPlan]] = []  # (aggregate node, its plan): one per distinct aggregate
+        # A subtree is ordered and rewritten once for all the terms that see it alike:
+        # (tree, the leaf that leads its joins, or None) and (tree, the term, or None
+        # for a tree without a UNION ALL, which every term rewrites alike).
+        self._orderings: dict[tuple[_Tree, int | None], _Tree] = {}
+        self._rewrites: dict[tuple[_Tree, int | None], tuple[Any, str, frozenset[int]]] = {}
 
     def build(self, analyzed: Any) -> DeltaPlan:
         output = [a.name() for a in items(analyzed.output())]
@@ -169,13 +174,14 @@ class _Builder:
         else:
             self._check_spj(analyzed)
             spj, shape, pre, ranked = analyzed, None, None, None
-        marked = self._collect_leaves(spj)
-        full = self._wrap(spj, _joins_ordered(self.jvm, marked, None), None, pre)
+        tree = self._collect_leaves(spj)
+        outputs = items(spj.output())
+        full = self._wrap(outputs, self._ordered(tree, None), None, pre)
         # An input's change leads its term's joins; a stage's joins where the query put
         # it, after the inputs it filters: led by a stage's change, the chain's later
         # joins would shuffle whole inputs too large to broadcast (`_joins_ordered`).
         terms = tuple(
-            self._wrap(spj, _joins_ordered(self.jvm, marked, leaf.position if leaf.stage is None else None), leaf.position, pre)
+            self._wrap(outputs, self._ordered(tree, leaf.position if leaf.stage is None else None), leaf.position, pre)
             for leaf in self.leaves
         )
         return DeltaPlan(tuple(self.leaves), full, terms, shape, tuple(output), ranked)
@@ -208,15 +214,16 @@ class _Builder:
             raise NotIncremental(f"view {table} is not an input of the dataflow")
         return name
 
-    def _collect_leaves(self, node: Any) -> Any:
-        """`node` with each leaf (an input's view, a stage) under a SubqueryAlias that
-        names its position (`_marked`), numbered depth first into `self.leaves`: the
-        leaves keep their positions when `_joins_ordered` moves them."""
-        if kind(node) == "View":
+    def _collect_leaves(self, node: Any) -> _Tree:
+        """`node` as a `_Tree` whose leaves (an input's view, a stage) carry their
+        positions, numbered depth first into `self.leaves`: the leaves keep their
+        positions when `_joins_ordered` moves them."""
+        name = kind(node)
+        if name == "View":
             leaf = Leaf(len(self.leaves), self._leaf_name(node), tuple(a.name() for a in items(node.output())))
             self.leaves.append(leaf)
-            return _mark(self.jvm, node, leaf.position)
-        if kind(node) in _STAGE_NODES:
+            return _Tree.leaf_of(node, name, leaf.position)
+        if name in _STAGE_NODES:
             # The same aggregate twice (an anti-join reads its left side twice) is one
             # stage: leaves sharing a plan share its state and its step.
             stage = next((plan for known, plan in self._stages if node.sameResult(known)), None)
@@ -233,43 +240,43 @@ class _Builder:
                 tuple(a.dataType().sql() for a in outputs),
             )
             self.leaves.append(leaf)
-            return _mark(self.jvm, node, position)
-        below = children(node)
-        if not below:
-            return node
-        return node.withNewChildren(self.jvm.seq(self._collect_leaves(child) for child in below))
+            return _Tree.leaf_of(node, name, position)
+        return _Tree.of(node, name, [self._collect_leaves(child) for child in children(node)])
 
     # --- The SPJ rewrite ---------------------------------------------------------------
 
-    def _wrap(self, spj: Any, marked: Any, term: int | None, pre: Any | None) -> Any:
-        """The SPJ tree `spj` (as `marked`, its leaves marked and its joins ordered)
-        rewritten for `term` (None: every branch), topped by the pre-aggregate
-        projection `pre(child, diff)` or by the output columns and `_diff`."""
-        node, diff, _ = self._rewrite(marked, term)
+    def _wrap(self, outputs: list[Any], tree: _Tree, term: int | None, pre: Any | None) -> Any:
+        """The SPJ tree `tree` (its joins ordered) rewritten for `term` (None: every
+        branch), topped by the pre-aggregate projection `pre(child, diff)` or by the
+        SPJ tree's `outputs` and `_diff`."""
+        node, diff, _ = self._rewritten(tree, term)
         if pre is not None:
             return pre(node, diff)
         jvm = self.jvm
-        outputs = [*items(spj.output()), jvm.alias(jvm.column(diff), DIFF)]
-        return jvm.project(outputs, node)
+        return jvm.project([*outputs, jvm.alias(jvm.column(diff), DIFF)], node)
 
-    def _rewrite(self, node: Any, term: int | None) -> tuple[Any, str, frozenset[int]]:
-        """(`node` carrying its rows' diff in a column, that column's name, the leaf
-        positions below it)."""
+    def _rewritten(self, tree: _Tree, term: int | None) -> tuple[Any, str, frozenset[int]]:
+        key = (tree, term if tree.has_union else None)
+        if key not in self._rewrites:
+            self._rewrites[key] = self._rewrite(tree, term)
+        return self._rewrites[key]
+
+    def _rewrite(self, tree: _Tree, term: int | None) -> tuple[Any, str, frozenset[int]]:
+        """(`tree`'s node carrying its rows' diff in a column, that column's name, the
+        leaf positions below it)."""
         jvm = self.jvm
-        name = kind(node)
-        position = _marked(node)
-        if position is not None:
-            leaf_node = node.child()
+        node, name = tree.node, tree.kind
+        if tree.leaf is not None:
             diff_id = jvm.expressions.NamedExpression.newExprId()
             diff = f"__d{diff_id.id()}"
             # An input's columns keep their names; a stage's are read by position.
             columns = [
-                jvm.alias(jvm.column(a.name() if kind(leaf_node) == "View" else f"__c{i}"), a.name(), a.exprId())
-                for i, a in enumerate(items(leaf_node.output()))
+                jvm.alias(jvm.column(a.name() if name == "View" else f"__c{i}"), a.name(), a.exprId())
+                for i, a in enumerate(items(node.output()))
             ]
-            leaf = jvm.project([*columns, jvm.alias(jvm.column(DIFF), diff, diff_id)], jvm.relation(f"__leaf{position}"))
-            return leaf, diff, frozenset([position])
-        rewritten = [self._rewrite(child, term) for child in children(node)]
+            leaf = jvm.project([*columns, jvm.alias(jvm.column(DIFF), diff, diff_id)], jvm.relation(f"__leaf{tree.leaf}"))
+            return leaf, diff, frozenset([tree.leaf])
+        rewritten = [self._rewritten(child, term) for child in tree.children]
         leaves = frozenset().union(*(r[2] for r in rewritten))
         if name == "Sort":
             return rewritten[0]
@@ -279,9 +286,9 @@ class _Builder:
                 for child, _, below in rewritten
             ]
             return node.withNewChildren(jvm.seq(branches)), rewritten[0][1], leaves
-        new = node.withNewChildren(jvm.seq(r[0] for r in rewritten))
         if name == "Project":
-            return jvm.project([*items(node.projectList()), jvm.column(rewritten[0][1])], new.child()), rewritten[0][1], leaves
+            return jvm.project([*items(node.projectList()), jvm.column(rewritten[0][1])], rewritten[0][0]), rewritten[0][1], leaves
+        new = node.withNewChildren(jvm.seq(r[0] for r in rewritten))
         if name == "Join":
             (_, left, _), (_, right, _) = rewritten
             diff_id = jvm.expressions.NamedExpression.newExprId()
@@ -294,6 +301,16 @@ class _Builder:
             negated = jvm.alias(jvm.expression(f"-`{rewritten[0][1]}`"), diff, diff_id)
             return jvm.project([*items(node.output()), negated], new), diff, leaves
         return new, rewritten[0][1], leaves  # Filter, SubqueryAlias: the diff passes through
+
+    # --- Join order ----------------------------------------------------------------------
+
+    def _ordered(self, tree: _Tree, first: int | None) -> _Tree:
+        """`_joins_ordered(tree, first)`, built once for the terms that order it alike: a
+        subtree without leaf `first` is ordered as in the full plan."""
+        key = (tree, first if first in tree.positions else None)
+        if key not in self._orderings:
+            self._orderings[key] = _joins_ordered(self.jvm, tree, key[1], self._ordered)
+        return self._orderings[key]
 
     # --- Aggregates ----------------------------------------------------------------------
 
@@ -427,22 +444,38 @@ def _has_subquery_or_outer_join(plan: Any) -> bool:
     return False
 
 
-_LEAF_MARK = "__leaf_at"  # a SubqueryAlias named this plus a position marks a leaf
+class _Tree:
+    """A node of the SPJ tree with what ordering and rewriting ask of it, read over
+    py4j once: every JVM call is a round trip, and the tree is rewritten for every
+    derivative term (TPC-H q21's delta plan took 8 s to build when each term read the
+    JVM's tree afresh). A leaf's subtree is not read: the rewrite replaces it whole.
+    Trees compare by identity, so the builder's memos are keyed by them."""
+
+    __slots__ = ("node", "kind", "children", "leaf", "positions", "has_union", "_cluster", "_output_ids")
+
+    def __init__(self, node: Any, kind: str, children: Sequence[_Tree], leaf: int | None, positions: frozenset[int]) -> None:
+        self.node, self.kind, self.children = node, kind, tuple(children)
+        self.leaf, self.positions = leaf, positions
+        self.has_union = kind == "Union" or any(child.has_union for child in self.children)
+        self._cluster: tuple[list[_Tree], list[Any], list[set[int]]] | None = None
+        self._output_ids: set[int] | None = None
+
+    @classmethod
+    def leaf_of(cls, node: Any, kind: str, position: int) -> _Tree:
+        return cls(node, kind, (), position, frozenset([position]))
+
+    @classmethod
+    def of(cls, node: Any, kind: str, children: Sequence[_Tree]) -> _Tree:
+        return cls(node, kind, children, None, frozenset().union(*(child.positions for child in children)))
+
+    def output_ids(self) -> set[int]:
+        if self._output_ids is None:
+            self._output_ids = {a.exprId().id() for a in items(self.node.output())}
+        return self._output_ids
 
 
-def _mark(jvm: Jvm, node: Any, position: int) -> Any:
-    return getattr(getattr(jvm.logical, "SubqueryAlias$"), "MODULE$").apply(f"{_LEAF_MARK}{position}", node)
-
-
-def _marked(node: Any) -> int | None:
-    """The position of the leaf `node` marks, or None."""
-    if kind(node) != "SubqueryAlias" or not node.alias().startswith(_LEAF_MARK):
-        return None
-    return int(node.alias()[len(_LEAF_MARK) :])
-
-
-def _joins_ordered(jvm: Jvm, node: Any, first: int | None) -> Any:
-    """`node` with each cluster of inner joins (with the filters and column selections
+def _joins_ordered(jvm: Jvm, tree: _Tree, first: int | None, ordered: Callable[[_Tree, int | None], _Tree]) -> _Tree:
+    """`tree` with each cluster of inner joins (with the filters and column selections
     between them) rebuilt left-deep: the input holding leaf `first` (a term's change)
     first, then each time the first input that a condition links to those joined
     already. That is Spark's `ReorderJoin` rule, which the diff columns' projections
@@ -450,18 +483,20 @@ def _joins_ordered(jvm: Jvm, node: Any, first: int | None) -> Any:
     Starting from the change, a term joins a few rows with each input in turn (Spark
     broadcasts the change into the first join, and each later input into the chain,
     if it is small enough: a join's size estimate is the product of its sides'). Inner
-    joins commute, so the rows (and their diffs' product) are the same."""
-    inputs, conditions = _join_cluster(node)
+    joins commute, so the rows (and their diffs' product) are the same. Subtrees are
+    ordered by `ordered` (the builder's memo of this function)."""
+    if tree.leaf is not None:
+        return tree
+    inputs, conditions, references = _join_cluster(tree)
     if len(inputs) < 2:
-        below = children(node)
-        if not below:
-            return node
-        return node.withNewChildren(jvm.seq(_joins_ordered(jvm, child, first) for child in below))
-    inputs = [_joins_ordered(jvm, i, first) for i in inputs]
+        below = [ordered(child, first) for child in tree.children]
+        if all(new is old for new, old in zip(below, tree.children)):
+            return tree
+        return _Tree.of(tree.node.withNewChildren(jvm.seq(child.node for child in below)), tree.kind, below)
+    inputs = [ordered(i, first) for i in inputs]
     if first is not None:
-        inputs.sort(key=lambda i: first not in _leaf_positions(i))  # stable: the rest keep their order
-    outputs = [{a.exprId().id() for a in items(i.output())} for i in inputs]
-    references = [{a.exprId().id() for a in items(c.references().toSeq())} for c in conditions]
+        inputs.sort(key=lambda i: first not in i.positions)  # stable: the rest keep their order
+    outputs = [i.output_ids() for i in inputs]
     joined, available = inputs[0], outputs[0]
     rest = list(range(1, len(inputs)))
     remaining = list(range(len(conditions)))
@@ -476,38 +511,44 @@ def _joins_ordered(jvm: Jvm, node: Any, first: int | None) -> Any:
         usable = [c for c in remaining if references[c] <= available]
         remaining = [c for c in remaining if c not in usable]
         condition = jvm.option.apply(_conjunction(jvm, [conditions[c] for c in usable]) if usable else None)
-        joined = jvm.logical.Join(joined, inputs[nxt], _inner(jvm), condition, jvm.logical.JoinHint.NONE())
+        join = jvm.logical.Join(joined.node, inputs[nxt].node, jvm.inner_join, condition, jvm.logical.JoinHint.NONE())
+        joined = _Tree.of(join, "Join", [joined, inputs[nxt]])
     if remaining:  # conditions on columns no input has (none, after analysis): kept as they were
-        joined = jvm.filter(_conjunction(jvm, [conditions[c] for c in remaining]), joined)
-    return jvm.project(items(node.output()), joined)
+        joined = _Tree.of(jvm.filter(_conjunction(jvm, [conditions[c] for c in remaining]), joined.node), "Filter", [joined])
+    return _Tree.of(jvm.project(items(tree.node.output()), joined.node), "Project", [joined])
 
 
-def _join_cluster(node: Any) -> tuple[list[Any], list[Any]]:
-    """The inputs and conjuncts of the inner joins at `node`, through the filters and
-    column selections between them (one input, no condition, if `node` is no such
-    join)."""
-    name = kind(node)
+def _join_cluster(tree: _Tree) -> tuple[list[_Tree], list[Any], list[set[int]]]:
+    """The inputs and conjuncts (with the ids of the columns each references) of the
+    inner joins at `tree`, through the filters and column selections between them (one
+    input, no condition, if `tree` is no such join); read once per tree."""
+    if tree._cluster is None:
+        tree._cluster = _read_join_cluster(tree)
+    return tree._cluster
+
+
+def _read_join_cluster(tree: _Tree) -> tuple[list[_Tree], list[Any], list[set[int]]]:
+    node, name = tree.node, tree.kind
     if name == "Join" and kind(node.joinType()) in _JOIN_TYPES and _no_hint(node):
-        left, right = _join_cluster(node.left()), _join_cluster(node.right())
+        left, right = (_join_cluster(child) for child in tree.children)
         condition = option(node.condition())
-        return left[0] + right[0], left[1] + right[1] + (_conjuncts(condition) if condition is not None else [])
+        conjuncts = _conjuncts(condition) if condition is not None else []
+        return left[0] + right[0], left[1] + right[1] + conjuncts, left[2] + right[2] + [_reference_ids(c) for c in conjuncts]
     if name == "Filter" or (name == "Project" and all(kind(e) == "AttributeReference" for e in items(node.projectList()))):
-        inputs, conditions = _join_cluster(node.child())
+        inputs, conditions, references = _join_cluster(tree.children[0])
         if len(inputs) > 1:
-            return inputs, conditions + (_conjuncts(node.condition()) if name == "Filter" else [])
-    return [node], []
+            conjuncts = _conjuncts(node.condition()) if name == "Filter" else []
+            return inputs, conditions + conjuncts, references + [_reference_ids(c) for c in conjuncts]
+    return [tree], [], []
+
+
+def _reference_ids(expression: Any) -> set[int]:
+    return {a.exprId().id() for a in items(expression.references().toSeq())}
 
 
 def _no_hint(join: Any) -> bool:
     hint = join.hint()
     return not hint.leftHint().isDefined() and not hint.rightHint().isDefined()
-
-
-def _leaf_positions(node: Any) -> set[int]:
-    position = _marked(node)
-    if position is not None:
-        return {position}
-    return set().union(*(_leaf_positions(child) for child in children(node)))
 
 
 def _inner_joins(jvm: Jvm, node: Any) -> Any:
@@ -578,7 +619,7 @@ def _semi_join(jvm: Jvm, node: Any, *, anti: bool = False) -> Any:
         least, greatest = (e.toAttribute() for e in extremes)
         linked.append(expressions.Or(expressions.Not(expressions.EqualTo(least, l)), expressions.Not(expressions.EqualTo(greatest, l))))
     condition = jvm.option.apply(_conjunction(jvm, [*on_left, *linked]) if on_left or linked else None)
-    join = jvm.logical.Join(left, matches, _inner(jvm), condition, node.hint())
+    join = jvm.logical.Join(left, matches, jvm.inner_join, condition, node.hint())
     return jvm.project(items(node.output()), join)
 
 
@@ -598,7 +639,7 @@ def _scalars_joined(jvm: Jvm, node: Any) -> Any:
         return node
     joined = node.child()
     for scalar in scalars:
-        joined = jvm.logical.Join(joined, scalar.plan(), _inner(jvm), jvm.option.empty(), jvm.logical.JoinHint.NONE())
+        joined = jvm.logical.Join(joined, scalar.plan(), jvm.inner_join, jvm.option.empty(), jvm.logical.JoinHint.NONE())
     if kind(node) == "Project":
         return jvm.project(expressions, joined)
     return jvm.project(items(node.output()), jvm.filter(expressions[0], joined))
@@ -622,11 +663,6 @@ def _one_row(plan: Any) -> bool:
     while kind(plan) in ("Project", "SubqueryAlias"):
         plan = plan.child()
     return kind(plan) == "Aggregate" and plan.groupingExpressions().isEmpty()
-
-
-def _inner(jvm: Jvm) -> Any:
-    """Catalyst's inner join type."""
-    return getattr(getattr(jvm.jvm.org.apache.spark.sql.catalyst.plans, "Inner$"), "MODULE$")
 
 
 def _conjuncts(condition: Any) -> list[Any]:
