@@ -12,6 +12,7 @@ changes to lineitem.
     python bench/tpch.py --sf 0.1                     # generation time and row counts
     python bench/tpch.py --check --sf 0.01            # the 22 queries in local Spark
     python bench/tpch.py --check-change --sf 0.01     # q1 and q6 follow a change
+    python bench/tpch.py --plans 3 --sf 0.001         # each query's delta plan: time, round trips
 
 Rules:
 - Deterministic: `generate(sf, seed)` gives byte-identical tables for the same
@@ -1546,6 +1547,46 @@ def _check_change(tables: Mapping[str, pa.Table], session: Any, seed: int) -> in
     return 1 if mismatches else 0
 
 
+def _plan_times(tables: Mapping[str, pa.Table], session: Any, repeats: int) -> int:
+    """Build each query's delta plan (what the controller's planner and every replica
+    do when a dataflow is created) `repeats` times over empty views of the tables; print
+    the median build time and the py4j round trips of one build."""
+    from py4j.clientserver import ClientServerConnection
+
+    from replica_service.dataplane import NotIncremental, delta_plan
+
+    for name, table in tables.items():
+        session.createDataFrame(table.slice(0, 0)).createOrReplaceTempView(name)
+    round_trips = 0
+    send = ClientServerConnection.send_command
+
+    def counted(self: Any, command: str) -> Any:
+        nonlocal round_trips
+        round_trips += 1
+        return send(self, command)
+
+    ClientServerConnection.send_command = counted
+    total = 0.0
+    try:
+        for name, sql in QUERIES.items():
+            analyzed = session.sql(sql)._jdf.queryExecution().analyzed()
+            times, strategy = [], "incremental"
+            for _ in range(repeats):
+                round_trips, started = 0, time.perf_counter()
+                try:
+                    delta_plan(session._jsparkSession, analyzed, {table: table for table in tables})
+                except NotIncremental:
+                    strategy = "recompute"
+                times.append(time.perf_counter() - started)
+            median = sorted(times)[len(times) // 2]
+            total += median
+            print(f"{name:>4}: {strategy:<11} {1000 * median:7.0f} ms  {round_trips:7,} round trips")
+    finally:
+        ClientServerConnection.send_command = send
+    print(f"all 22: {total:.2f} s (medians of {repeats})")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sf", type=float, default=0.01, help="scale factor (default 0.01)")
@@ -1554,9 +1595,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--check-change", action="store_true", help="check that q1 and q6 follow a lineitem change"
     )
+    parser.add_argument(
+        "--plans", type=int, metavar="N", default=0, help="time each query's delta plan, N builds each"
+    )
     args = parser.parse_args(argv)
     tables = _timed_generate(args.sf, args.seed)
-    if not (args.check or args.check_change):
+    if not (args.check or args.check_change or args.plans):
         return 0
     with tempfile.TemporaryDirectory(prefix="tpch-check-") as work_dir:
         session = _spark_session(Path(work_dir))
@@ -1564,6 +1608,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             status = _check_queries(tables, session) if args.check else 0
             if args.check_change:
                 status |= _check_change(tables, session, args.seed + 1)
+            if args.plans:
+                status |= _plan_times(tables, session, args.plans)
         finally:
             session.stop()
     return status
