@@ -47,7 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from time import monotonic
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import pyarrow as pa
 from py4j.protocol import Py4JNetworkError
@@ -100,6 +100,13 @@ STEP_WORKERS = 4
 TRANSIENT_RETRIES = 5
 """A dataflow whose step fails this many times in a row for a passing reason fails."""
 
+MANIFEST_MAX_AGE_S = 60.0
+"""A reader reads its manifest again at least this often, even when its upper has not
+moved. Compaction replaces batches without moving the upper, and the files it retires
+are deleted after the garbage grace (15 minutes by default): a reader that waited for
+its upper to move (a source loaded once and then idle, a sealed one) would go on
+planning reads of deleted files."""
+
 PERTURB_ENV = "TANDEM_TEST_PERTURB_DATAFLOW"
 """A test hook, read at start: the index versions of the dataflow this names get their
 last row twice on this replica, a wrong answer for the controller's divergence check
@@ -110,6 +117,16 @@ DEFAULT_PARAMETERS = ComputeParameters(
     heartbeat_interval_ms=500,
     input_poll_interval_ms=100,
 )
+
+
+def manifests_due(readers: Mapping[str, StorageReader], uppers: Mapping[str, Frontier], now: float) -> tuple[set[str], set[str]]:
+    """The readers whose manifests the poller reads again (those read once already): the
+    ones whose upper moved (their dataflows are woken), and the others whose manifest is
+    older than `MANIFEST_MAX_AGE_S` (compaction may have replaced their batches)."""
+    read = {id: reader for id, reader in readers.items() if reader.refreshed_at is not None}
+    moved = {id for id, reader in read.items() if uppers.get(id, reader.upper) != reader.upper}
+    old = {id for id, reader in read.items() if id not in moved and now - reader.refreshed_at >= MANIFEST_MAX_AGE_S}
+    return moved, old
 
 
 class PeekFailed(Exception):
@@ -718,7 +735,7 @@ class Replica:
         """Read the manifests of the dataflow's storage collections not read yet (the
         poller keeps them current afterwards)."""
         ids = [s.id for s in dataflow.desc.imports if s.kind == "storage"] + [s.id for s in dataflow.desc.sink_exports]
-        await asyncio.gather(*(self._refresh(id) for id in ids if not self.readers[id].refreshed))
+        await asyncio.gather(*(self._refresh(id) for id in ids if self.readers[id].refreshed_at is None))
 
     async def _refresh(self, id: str) -> None:
         """Read collection `id`'s manifest again; concurrent callers share one read."""
@@ -746,8 +763,8 @@ class Replica:
                 continue
             try:
                 uppers = await loop.run_in_executor(self._io_pool, self.storage.catalog.uppers, list(self.readers))
-                moved = {id for id, reader in self.readers.items() if reader.refreshed and uppers.get(id, reader.upper) != reader.upper}
-                await asyncio.gather(*(self._refresh(id) for id in moved))
+                moved, old = manifests_due(self.readers, uppers, monotonic())
+                await asyncio.gather(*(self._refresh(id) for id in moved | old))
             except Exception as e:  # the catalog is unreachable for a moment: poll again
                 log.warning("polling storage failed: %s", e)
                 continue

@@ -228,3 +228,26 @@ def test_a_base_serves_every_step_until_compaction_replaces_its_batches(env):
     assert source.reader._base is not base and not base.frame.storageLevel.useDisk
     assert after == before == [(2, "b", 2.0, 1), (3, None, 3.0, 1)]
     source.reader.close()
+
+
+def test_a_manifest_read_before_a_compaction_plans_reads_of_files_garbage_collection_deleted(env):
+    """Why a replica reads an idle collection's manifest again (`MANIFEST_MAX_AGE_S`):
+    compaction replaces its batches without moving its upper, and once the retired
+    files are collected a reader that kept the old batch list fails; read again, it
+    reads the compacted batch, with the same rows."""
+    session = env["session"]
+    source = Source(env)
+    source.append(session, [{"id": 1, "k": "a", "x": 1.0}])
+    source.append(session, [{"id": 2, "k": "b", "x": 2.0}])
+    t = source.append(session, [{"id": 3, "k": "c", "x": 3.0}], picks=[0])
+    upper = source.storage.upper(source.id)
+    source.storage.acquire_read_hold(source.id, "test", Frontier(t))
+    assert source.storage.compact(source.id) == 2
+    assert len(source.storage.collect_garbage(0).retired) == 2
+    assert source.storage.upper(source.id) == upper  # nothing a poller of uppers sees
+
+    with pytest.raises(Exception, match="(?i)does not exist|not found|FileNotFound"):
+        source.reader.snapshot(session, t).collect()
+    source.reader.refresh(session)
+    assert bits(source.reader.snapshot(session, t).toArrow()) == bits(source.storage.read_snapshot(source.id, t))
+    source.reader.close()

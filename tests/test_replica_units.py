@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import socket
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pytest
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 import history as h
 from replica_service._arrangement import Arrangement, Version, canonical_sort, digest, finish
 from replica_service._dataflow import times_to_compute
+from replica_service._replica import MANIFEST_MAX_AGE_S, manifests_due
 from replica_service._spark import SparkUnavailable, check_reachable, standalone_masters
 from replica_service.dataplane._maintain import _apply, _signed_changes
 from storage import DIFF, NegativeCount
@@ -190,3 +192,19 @@ def test_a_spark_error_is_reported_by_its_cause_not_by_py4j_or_the_jvm_stack():
     analysis = RuntimeError("[CAST_INVALID_INPUT] The value 'x' of the type \"STRING\" cannot be cast to \"INT\".\n== SQL ==\n")
     assert _spark_error_message(analysis).startswith("[CAST_INVALID_INPUT]")
     assert _spark_error_message(RuntimeError("")) == "RuntimeError"
+
+
+def test_a_reader_reads_its_manifest_again_when_its_upper_moves_and_when_it_is_old():
+    """An upper that moved wakes the dataflows; an old manifest is read again even when
+    nothing moved: compaction replaces batches without moving the upper (a source loaded
+    once and then idle), and after the garbage grace their files are gone."""
+    now = 1_000.0
+    readers = {
+        "moved": SimpleNamespace(refreshed_at=now, upper=h.Frontier(5)),
+        "fresh": SimpleNamespace(refreshed_at=now - 1, upper=h.Frontier(5)),
+        "idle": SimpleNamespace(refreshed_at=now - MANIFEST_MAX_AGE_S, upper=h.Frontier(5)),
+        "sealed": SimpleNamespace(refreshed_at=now - 2 * MANIFEST_MAX_AGE_S, upper=h.Frontier.empty()),
+        "unread": SimpleNamespace(refreshed_at=None, upper=h.Frontier.minimum()),  # its first read is the dataflow's
+    }
+    uppers = {"moved": h.Frontier(6), "fresh": h.Frontier(5), "idle": h.Frontier(5), "sealed": h.Frontier.empty(), "unread": h.Frontier(9)}
+    assert manifests_due(readers, uppers, now) == ({"moved"}, {"idle", "sealed"})

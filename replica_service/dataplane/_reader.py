@@ -23,6 +23,7 @@ Rules:
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -111,19 +112,20 @@ class StorageReader:
         self._base: _Base | None = None
         self._shared: _Shared | None = None
         self._closed = False  # no base or shared snapshot is kept any more
-        self.refreshed = False  # the manifest was read at least once
+        self.refreshed_at: float | None = None  # when its manifest was last read (monotonic)
 
     # --- The manifest --------------------------------------------------------------------
 
     def refresh(self, session: SparkSession) -> None:
         """Read the manifest again (blocking): new batches, compactions, the frontiers."""
+        read_at = time.monotonic()
         state: ManifestState = self.storage.catalog.manifest(self.id)
         batches = tuple(self._batch(session, b.lower, b.upper, b.path, b.rows) for b in state.batches)
         with self._lock:
             self._batches = batches
             self._known = {b.uri: b for b in batches}
             self.since, self.upper = state.collection.since, state.collection.upper
-            self.refreshed = True
+            self.refreshed_at = read_at
             gone = self._shared if self._shared is not None and not self._known.keys() >= set(self._shared.key.uris) else None
             if gone is not None:
                 self._shared = None
