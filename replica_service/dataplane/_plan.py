@@ -152,7 +152,7 @@ class _Builder:
     def __init__(self, jvm: Jvm, imports: Mapping[str, str]) -> None:
         self.jvm = jvm
         self.imports = imports
-        self.leaves: list[Leaf] = []  # depth first, as `_collect_leaves` marks them
+        self.leaves: list[Leaf] = []  # depth first, as `_collect_leaves` numbers them
         self._stages: list[tuple[Any, DeltaPlan]] = []  # (aggregate node, its plan): one per distinct aggregate
         # A subtree is ordered and rewritten once for all the terms that see it alike:
         # (tree, the leaf that leads its joins, or None) and (tree, the term, or None
