@@ -114,5 +114,20 @@ def option(scala_option: Any) -> Any | None:
 
 
 def kind(node: Any) -> str:
-    """A tree node's class name, e.g. `Project` or `AggregateExpression`."""
-    return node.getClass().getSimpleName()
+    """A tree node's class name, e.g. `Project` or `AggregateExpression`: that of
+    `node.getClass().getSimpleName()`, in one round trip instead of three (the Class
+    proxy's, its name's, and the proxy's release)."""
+    return _simple_name()(node)
+
+
+def _simple_name() -> Any:
+    """commons-lang3's `ClassUtils.getSimpleName(Object)` (Spark ships it), looked up once
+    per gateway: py4j asks the JVM at every attribute access of a class."""
+    gateway = SparkContext._gateway
+    found = _SIMPLE_NAMES.get(id(gateway))
+    if found is None:
+        found = _SIMPLE_NAMES[id(gateway)] = SparkContext._jvm.org.apache.commons.lang3.ClassUtils.getSimpleName
+    return found
+
+
+_SIMPLE_NAMES: dict[int, Any] = {}
