@@ -123,11 +123,11 @@ def kind(node: Any) -> str:
 def _simple_name() -> Any:
     """commons-lang3's `ClassUtils.getSimpleName(Object)` (Spark ships it), looked up once
     per gateway: py4j asks the JVM at every attribute access of a class."""
+    global _SIMPLE_NAME
     gateway = SparkContext._gateway
-    found = _SIMPLE_NAMES.get(id(gateway))
-    if found is None:
-        found = _SIMPLE_NAMES[id(gateway)] = SparkContext._jvm.org.apache.commons.lang3.ClassUtils.getSimpleName
-    return found
+    if _SIMPLE_NAME is None or _SIMPLE_NAME[0] is not gateway:
+        _SIMPLE_NAME = (gateway, SparkContext._jvm.org.apache.commons.lang3.ClassUtils.getSimpleName)
+    return _SIMPLE_NAME[1]
 
 
-_SIMPLE_NAMES: dict[int, Any] = {}
+_SIMPLE_NAME: tuple[Any, Any] | None = None  # (the gateway, its getSimpleName)

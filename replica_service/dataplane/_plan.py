@@ -473,6 +473,14 @@ class _Tree:
             self._output_ids = {a.exprId().id() for a in items(self.node.output())}
         return self._output_ids
 
+    def cluster(self) -> tuple[list[_Tree], list[Any], list[set[int]]]:
+        """The inputs and conjuncts (with the ids of the columns each references) of the
+        inner joins at this node, through the filters and column selections between
+        them (one input, no condition, if it is no such join); read once."""
+        if self._cluster is None:
+            self._cluster = _join_cluster(self)
+        return self._cluster
+
 
 def _joins_ordered(jvm: Jvm, tree: _Tree, first: int | None, ordered: Callable[[_Tree, int | None], _Tree]) -> _Tree:
     """`tree` with each cluster of inner joins (with the filters and column selections
@@ -487,7 +495,7 @@ def _joins_ordered(jvm: Jvm, tree: _Tree, first: int | None, ordered: Callable[[
     ordered by `ordered` (the builder's memo of this function)."""
     if tree.leaf is not None:
         return tree
-    inputs, conditions, references = _join_cluster(tree)
+    inputs, conditions, references = tree.cluster()
     if len(inputs) < 2:
         below = [ordered(child, first) for child in tree.children]
         if all(new is old for new, old in zip(below, tree.children)):
@@ -519,23 +527,15 @@ def _joins_ordered(jvm: Jvm, tree: _Tree, first: int | None, ordered: Callable[[
 
 
 def _join_cluster(tree: _Tree) -> tuple[list[_Tree], list[Any], list[set[int]]]:
-    """The inputs and conjuncts (with the ids of the columns each references) of the
-    inner joins at `tree`, through the filters and column selections between them (one
-    input, no condition, if `tree` is no such join); read once per tree."""
-    if tree._cluster is None:
-        tree._cluster = _read_join_cluster(tree)
-    return tree._cluster
-
-
-def _read_join_cluster(tree: _Tree) -> tuple[list[_Tree], list[Any], list[set[int]]]:
+    """`_Tree.cluster`, read over py4j."""
     node, name = tree.node, tree.kind
     if name == "Join" and kind(node.joinType()) in _JOIN_TYPES and _no_hint(node):
-        left, right = (_join_cluster(child) for child in tree.children)
+        left, right = (child.cluster() for child in tree.children)
         condition = option(node.condition())
         conjuncts = _conjuncts(condition) if condition is not None else []
         return left[0] + right[0], left[1] + right[1] + conjuncts, left[2] + right[2] + [_reference_ids(c) for c in conjuncts]
     if name == "Filter" or (name == "Project" and all(kind(e) == "AttributeReference" for e in items(node.projectList()))):
-        inputs, conditions, references = _join_cluster(tree.children[0])
+        inputs, conditions, references = tree.children[0].cluster()
         if len(inputs) > 1:
             conjuncts = _conjuncts(node.condition()) if name == "Filter" else []
             return inputs, conditions + conjuncts, references + [_reference_ids(c) for c in conjuncts]
