@@ -111,6 +111,12 @@ def session_conf(settings: SparkSettings, work_dir: Path) -> dict[str, str]:
         # between full collections (ARCHITECTURE "Memory pages"). Large inputs take
         # more pages: a large sort-merge join pays about 15%, aggregations nothing.
         "spark.buffer.pageSize": "1m",
+        # Generated code is compiled once per distinct source (Janino, ~5-30 ms a class),
+        # kept in a cache of 100 classes. By default each source names its whole-stage
+        # codegen stage, numbered by its place in the plan around it, so the same code
+        # under another number was compiled again (half the compilations of a step of
+        # `MIN`/`MAX`/`COUNT(DISTINCT)`).
+        "spark.sql.codegen.useIdInClassName": "false",
     }
     conf.update(settings.conf)
     return conf
