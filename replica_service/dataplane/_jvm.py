@@ -8,6 +8,7 @@ analyzer resolves them by name like any query's.
 
 from __future__ import annotations
 
+from functools import reduce
 from typing import Any, Iterable
 
 from pyspark import SparkContext
@@ -55,7 +56,7 @@ class Jvm:
 
     def relation(self, view: str) -> Any:
         """An unresolved reference to the temp view `view`."""
-        options = self.jvm.org.apache.spark.sql.util.CaseInsensitiveStringMap.empty()
+        options = static_member("org.apache.spark.sql.util.CaseInsensitiveStringMap.empty")()
         return self.analysis.UnresolvedRelation(self.seq([view]), options, False)
 
     def ascending(self, child: Any) -> Any:
@@ -73,7 +74,7 @@ class Jvm:
 
     def dataframe_jdf(self, plan: Any) -> Any:
         """The Dataset of `plan`, analyzed now (errors surface here, before any job)."""
-        return self.jvm.org.apache.spark.sql.classic.Dataset.ofRows(self.jsession, plan)
+        return static_member(_OF_ROWS)(self.jsession, plan)
 
 
 class _Classes:
@@ -97,7 +98,7 @@ def in_session(frame: DataFrame, session: SparkSession) -> DataFrame:
     if frame.sparkSession is session:
         return frame
     logical = frame._jdf.queryExecution().logical()
-    return DataFrame(SparkContext._jvm.org.apache.spark.sql.classic.Dataset.ofRows(session._jsparkSession, logical), session)
+    return DataFrame(static_member(_OF_ROWS)(session._jsparkSession, logical), session)
 
 
 def items(scala_seq: Any) -> list[Any]:
@@ -117,17 +118,29 @@ def kind(node: Any) -> str:
     """A tree node's class name, e.g. `Project` or `AggregateExpression`: that of
     `node.getClass().getSimpleName()`, in one round trip instead of three (the Class
     proxy's, its name's, and the proxy's release)."""
-    return _simple_name()(node)
+    return static_member("org.apache.commons.lang3.ClassUtils.getSimpleName")(node)
 
 
-def _simple_name() -> Any:
-    """commons-lang3's `ClassUtils.getSimpleName(Object)` (Spark ships it), looked up once
-    per gateway: py4j asks the JVM at every attribute access of a class."""
-    global _SIMPLE_NAME
+_OF_ROWS = "org.apache.spark.sql.classic.Dataset.ofRows"
+
+
+def static_member(name: str) -> Any:
+    """The JVM's static method (or field) of that full name, looked up once per gateway.
+
+    py4j asks the JVM at every step of a dotted name, and for each package on the way it
+    first tries it as a class, which searches every jar of Spark's class path: a walk
+    like `jvm.org.apache.spark.sql.classic.Dataset` costs six round trips and five such
+    searches."""
+    global _MEMBERS_GATEWAY
     gateway = SparkContext._gateway
-    if _SIMPLE_NAME is None or _SIMPLE_NAME[0] is not gateway:
-        _SIMPLE_NAME = (gateway, SparkContext._jvm.org.apache.commons.lang3.ClassUtils.getSimpleName)
-    return _SIMPLE_NAME[1]
+    if _MEMBERS_GATEWAY is not gateway:  # a restarted context: the old proxies are dead
+        _MEMBERS.clear()
+        _MEMBERS_GATEWAY = gateway
+    member = _MEMBERS.get(name)
+    if member is None:
+        member = _MEMBERS[name] = reduce(getattr, name.split("."), SparkContext._jvm)
+    return member
 
 
-_SIMPLE_NAME: tuple[Any, Any] | None = None  # (the gateway, its getSimpleName)
+_MEMBERS: dict[str, Any] = {}
+_MEMBERS_GATEWAY: Any = None
