@@ -35,11 +35,6 @@ CONF = {
     "spark.sql.shuffle.partitions": "2",
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.ansi.enabled": "true",
-    # A module's session runs every shape's queries, many more generated classes than
-    # the 100 Spark keeps compiled: each step compiled most of its code again (about a sixth
-    # of the `extremes` test's time). Replicas keep the default: there, a larger cache
-    # filled the JVM's 64 MB code cache on TPC-H (ARCHITECTURE "Generated code").
-    "spark.sql.codegen.cache.maxEntries": "4096",
 }
 
 
