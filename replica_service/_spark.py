@@ -51,10 +51,11 @@ LOG4J2_CONFIG = Path(__file__).with_name("log4j2.properties")
 
 # Serial GC and C1 only: three concurrent starts went from ~14 s to ~7 s on a 2-core
 # machine (SPARK_NOTES.md, with a 64 MB code cache; 192 MB starts as fast, and keeps
-# the generated classes of many dataflows compiled: ARCHITECTURE "Generated code"). Exit on any OutOfMemoryError: Spark's
-# handler kills the JVM only for one thrown in a task thread; one thrown while the
-# driver collects or broadcasts came back to Python as an ordinary error and left a
-# JVM short of heap serving on (seen in CI: the replica neither died nor recovered).
+# the generated classes of many dataflows compiled: ARCHITECTURE "Generated code").
+# Exit on any OutOfMemoryError: Spark's handler kills the JVM only for one thrown in a
+# task thread; one thrown while the driver collects or broadcasts came back to Python
+# as an ordinary error and left a JVM short of heap serving on (seen in CI: the
+# replica neither died nor recovered).
 DRIVER_JVM_OPTIONS = (
     "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=192m -XX:+ExitOnOutOfMemoryError "
     f"-Dlog4j2.configurationFile=file:{LOG4J2_CONFIG}"

@@ -129,8 +129,8 @@ def static_member(name: str) -> Any:
 
     py4j asks the JVM at every step of a dotted name, and for each package on the way it
     first tries it as a class, which searches every jar of Spark's class path: a walk
-    like `jvm.org.apache.spark.sql.classic.Dataset` costs six round trips and five such
-    searches."""
+    like `jvm.org.apache.spark.sql.classic.Dataset.ofRows` costs seven round trips and
+    five such searches (about 1.3 ms on `local[2]`)."""
     global _MEMBERS_GATEWAY
     gateway = SparkContext._gateway
     if _MEMBERS_GATEWAY is not gateway:  # a restarted context: the old proxies are dead
