@@ -124,7 +124,7 @@ def session_conf(settings: SparkSettings, work_dir: Path) -> dict[str, str]:
         # A shuffle map task with at most this many reducers writes a file per reducer,
         # then joins them into one: 200 files created and deleted per task at the
         # default 200 shuffle partitions (AQE coalesces partitions only after the map
-        # side). Half of a TPC-H replica's CPU went to creating them (ext4's inode
+        # side). About 40% of a TPC-H replica's CPU went to creating them (ext4's inode
         # search). At 0 every task writes one sorted file (ARCHITECTURE "Shuffle files").
         "spark.shuffle.sort.bypassMergeThreshold": "0",
     }
