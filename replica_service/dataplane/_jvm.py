@@ -20,17 +20,17 @@ class Jvm:
 
     def __init__(self, jsession: Any) -> None:
         self.jsession = jsession
-        self.jvm = jvm = SparkContext._jvm  # one per process, set once a context started
-        self.expressions = _Classes(jvm.org.apache.spark.sql.catalyst.expressions)
-        self.logical = _Classes(jvm.org.apache.spark.sql.catalyst.plans.logical)
-        self.analysis = _Classes(jvm.org.apache.spark.sql.catalyst.analysis)
-        self.option = jvm.scala.Option
-        self._array_list = jvm.java.util.ArrayList
-        self._converters = jvm.scala.jdk.javaapi.CollectionConverters
+        self.expressions = _Classes("org.apache.spark.sql.catalyst.expressions")
+        self.logical = _Classes("org.apache.spark.sql.catalyst.plans.logical")
+        self.analysis = _Classes("org.apache.spark.sql.catalyst.analysis")
+        self.optimizer = _Classes("org.apache.spark.sql.catalyst.optimizer")
+        self.option = static_member("scala.Option")
+        self._array_list = static_member("java.util.ArrayList")
+        self._converters = static_member("scala.jdk.javaapi.CollectionConverters")
         self._parser = jsession.sessionState().sqlParser()
         self._nil, self._none = self.seq(()), self.option.empty()
         self._quoted = self.analysis.UnresolvedAttribute.quoted
-        self.inner_join = getattr(getattr(jvm.org.apache.spark.sql.catalyst.plans, "Inner$"), "MODULE$")
+        self.inner_join = static_member("org.apache.spark.sql.catalyst.plans.Inner$.MODULE$")
 
     def seq(self, items: Iterable[Any]) -> Any:
         """A Scala immutable Seq of `items`."""
@@ -78,17 +78,14 @@ class Jvm:
 
 
 class _Classes:
-    """A JVM package whose classes are looked up once: py4j asks the JVM at every
-    attribute access (`package.Alias` is a round trip), which made building one TPC-H
-    query's delta plan take seconds."""
+    """A JVM package's classes as attributes (`expressions.Alias`), each looked up once
+    per gateway (`static_member`)."""
 
-    def __init__(self, package: Any) -> None:
+    def __init__(self, package: str) -> None:
         self._package = package
 
     def __getattr__(self, name: str) -> Any:
-        found = getattr(self._package, name)
-        setattr(self, name, found)  # found by plain lookup from now on
-        return found
+        return static_member(f"{self._package}.{name}")
 
 
 def in_session(frame: DataFrame, session: SparkSession) -> DataFrame:

@@ -412,7 +412,7 @@ def _as_inner_joins(jvm: Jvm, plan: Any) -> Any:
     refused by the shape checks."""
     if not _has_subquery_or_outer_join(plan):
         return plan
-    rules = jvm.jvm.org.apache.spark.sql.catalyst.optimizer
+    rules = jvm.optimizer
     plan = rules.InlineCTE(True, False, False).apply(plan)  # every CTE inlined (alwaysInline)
     # A subquery's own subqueries join the tree when it does, and their correlations are
     # pulled up only then (Spark's optimizer does it subquery by subquery): a rewrite
