@@ -20,7 +20,7 @@ from pyspark.sql import DataFrame
 from catalog import Catalog
 from history import Frontier
 from replica_service import _spark
-from replica_service.dataplane import StorageReader
+from replica_service.dataplane import Lease, StorageReader
 from replica_service.dataplane import _reader
 from storage import Storage
 
@@ -145,18 +145,21 @@ def test_a_patched_snapshot_that_retracts_a_missing_row_fails_naming_it(env, mon
 
 
 def test_a_snapshot_several_dataflows_recompute_over_is_computed_once_with_the_same_rows(env):
-    """`share`: the second ask of the same rows persists them, later asks (any session)
-    read them; a collection that did not change keeps its snapshot; after a change that
-    had several asks, the first ask persists at once, and the old rows are released; an
-    ask behind the newest reads without displacing it."""
+    """Asked under a lease: the second ask of the same rows persists them, later asks
+    (any session) read them; a collection that did not change keeps its snapshot; after
+    a change that had several asks, the first ask persists at once, and the old rows are
+    released; an ask behind the newest reads without displacing it."""
     session, other = env["session"], env["session"].newSession()
     source = Source(env)
     t1 = source.append(session, [{"id": i % 3, "k": "a", "x": -0.0 if i else 1.5} for i in range(6)])
     expected = bits(source.reader.snapshot(session, t1).toArrow())
 
-    def ask(s, t):
-        frame = source.reader.snapshot(s, t, share=True)
-        return frame, bits(frame.toArrow())
+    def ask(s, t):  # as a recompute's step does
+        lease = Lease()
+        frame = source.reader.snapshot(s, t, lease=lease)
+        rows = bits(frame.toArrow())
+        lease.release()
+        return frame, rows
 
     first, rows = ask(session, t1)
     assert not first.storageLevel.useDisk and rows == expected  # asked once: not worth keeping
@@ -166,7 +169,7 @@ def test_a_snapshot_several_dataflows_recompute_over_is_computed_once_with_the_s
     assert "InMemoryTableScan" in third._jdf.queryExecution().executedPlan().toString() and rows == expected
     # A later time with no batch between has the same rows: the same persisted snapshot.
     t2 = source.append(session, [{"id": 7, "k": "b", "x": 2.0}], picks=[0])
-    assert t2 - 1 > t1 and source.reader.snapshot(session, t2 - 1, share=True).storageLevel.useDisk
+    assert t2 - 1 > t1 and ask(session, t2 - 1)[0].storageLevel.useDisk
 
     # The change had several asks before: its first ask persists; the old rows go.
     after, rows = ask(other, t2)
@@ -184,21 +187,70 @@ def test_a_shared_snapshot_is_released_when_its_batches_are_compacted_and_when_t
     source.append(session, [{"id": 1, "k": "a", "x": 1.0}])
     source.append(session, [{"id": 2, "k": "b", "x": 2.0}])
     t = source.append(session, [{"id": 3, "k": None, "x": -0.0}], picks=[0])
-    source.reader.snapshot(session, t, share=True)
-    persisted = source.reader.snapshot(session, t, share=True)
+    lease = Lease()  # never released here: a retired snapshot waits only for leases still held
+    source.reader.snapshot(session, t, lease=Lease())
+    persisted = source.reader.snapshot(session, t, lease=lease)
     expected = normalized_bits(source.storage.read_snapshot(source.id, t))
     assert persisted.storageLevel.useDisk and bits(persisted.toArrow()) == expected
 
     source.storage.acquire_read_hold(source.id, "test", Frontier(t))
     assert source.storage.compact(source.id) == 2
     source.reader.refresh(session)
-    assert not persisted.storageLevel.useDisk  # its files are no longer the collection's
-    source.reader.snapshot(session, t, share=True)
-    again = source.reader.snapshot(session, t, share=True)
+    assert persisted.storageLevel.useDisk  # its files are no longer the collection's, but a lease holds it
+    lease.release()
+    assert not persisted.storageLevel.useDisk
+    lease = Lease()
+    source.reader.snapshot(session, t, lease=lease)
+    again = source.reader.snapshot(session, t, lease=lease)
     assert again.storageLevel.useDisk and bits(again.toArrow()) == expected
 
     source.reader.close()
+    lease.release()
     assert not again.storageLevel.useDisk
+
+
+def _persisted(session) -> set[int]:
+    return set(session.sparkContext._jsc.getPersistentRDDs().keySet())
+
+
+@pytest.mark.parametrize("retire", ["close", "compaction"])
+def test_rows_retired_while_a_step_holds_them_are_released_once_it_ends(env, retire):
+    """A query planned over a base or a shared snapshot, which is then retired (the
+    reader closed, its batches compacted) before the query runs: without a lease, the
+    query built the blocks again, owned by nothing (Spark's cleaner drops them only
+    once the JVM collects their RDD). Its lease keeps them persisted until it ends,
+    and they are released then."""
+    session = env["session"]
+    source = Source(env)
+    source.append(session, [{"id": 1, "k": "a", "x": 1.0}])
+    source.append(session, [{"id": 2, "k": "b", "x": 2.0}])
+    t = source.append(session, [{"id": 3, "k": "c", "x": 3.0}])
+    before = _persisted(session)
+    lease = Lease()
+    base = source.reader.updates(session, t, lease=lease).groupBy().count()
+    source.reader.snapshot(session, t, lease=Lease())  # the second ask persists
+    snapshot = source.reader.snapshot(session, t, lease=lease).groupBy().count()
+    for planned in (base, snapshot):
+        assert "InMemoryRelation" in planned._jdf.queryExecution().optimizedPlan().toString()
+
+    if retire == "close":
+        source.reader.close()
+    else:
+        source.storage.acquire_read_hold(source.id, "test", Frontier(t))
+        assert source.storage.compact(source.id) == 2
+        source.reader.refresh(session)
+        source.reader.updates(session, t, lease=Lease())  # a new base: the old one is retired
+    assert base.collect()[0][0] == snapshot.collect()[0][0] == 3
+    lease.release()
+    assert _persisted(session) - before == set()
+
+
+def _step_rows(source: Source, session, t: int) -> list[tuple]:
+    """The rows through `t` as a step of a join reads them: under a lease, from the base."""
+    lease = Lease()
+    rows = _net_rows(source.reader.updates(session, t, lease=lease))
+    lease.release()
+    return rows
 
 
 def _net_rows(frame: DataFrame) -> list[tuple]:
@@ -215,16 +267,16 @@ def test_a_base_serves_every_step_until_compaction_replaces_its_batches(env):
     source = Source(env)
     source.append(session, [{"id": 1, "k": "a", "x": 1.0}])
     t = source.append(session, [{"id": 2, "k": "b", "x": 2.0}])
-    source.reader.updates(session, t, cache=True)
+    _step_rows(source, session, t)
     base = source.reader._base
     t = source.append(session, [{"id": 3, "k": None, "x": 3.0}], picks=[0])
-    before = _net_rows(source.reader.updates(session, t, cache=True))
+    before = _step_rows(source, session, t)
     assert source.reader._base is base and base.frame.storageLevel.useDisk
 
     source.storage.acquire_read_hold(source.id, "test", Frontier(t))
     assert source.storage.compact(source.id) == 2  # the base's two batches
     source.reader.refresh(session)
-    after = _net_rows(source.reader.updates(session, t, cache=True))
+    after = _step_rows(source, session, t)
     assert source.reader._base is not base and not base.frame.storageLevel.useDisk
     assert after == before == [(2, "b", 2.0, 1), (3, None, 3.0, 1)]
     source.reader.close()

@@ -26,13 +26,14 @@ Rules of this package:
 from replica_service.dataplane._incremental import IncrementalDataflow
 from replica_service.dataplane._maintain import Maintainer, StepOutput, maintainer, order_sensitive
 from replica_service.dataplane._plan import DeltaPlan, NotIncremental, delta_plan
-from replica_service.dataplane._reader import StorageReader
+from replica_service.dataplane._reader import Lease, StorageReader
 from replica_service.dataplane._rows import spark_ddl, spark_type
 from replica_service.dataplane._sink import SinkWriter
 
 __all__ = [
     "DeltaPlan",
     "IncrementalDataflow",
+    "Lease",
     "Maintainer",
     "NotIncremental",
     "SinkWriter",

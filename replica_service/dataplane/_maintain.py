@@ -37,7 +37,7 @@ from replica_service._arrangement import Arrangement, Version
 from replica_service.dataplane._incremental import Binding, IncrementalDataflow, Step
 from replica_service.dataplane._incremental import release as release_checkpoints
 from replica_service.dataplane._plan import DeltaPlan, Leaf, NotIncremental, delta_plan
-from replica_service.dataplane._reader import StorageReader
+from replica_service.dataplane._reader import Lease, StorageReader
 from replica_service.dataplane._rows import arrow_frame, canonical, expand, normalized, quote
 from replica_service.dataplane._sink import SinkWriter
 
@@ -204,10 +204,11 @@ def _native(desc: DataflowDescription, session: SparkSession, inputs: Mapping[st
         session.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
 
     def evaluate(time: int) -> tuple[DataFrame, Callable[[], None]]:
+        lease = Lease()
         for name, source in inputs.items():
-            rows = _rows_at(session, source, time)
+            rows = _rows_at(session, source, time, lease)
             (rows if partitions is None else canonical(rows, partitions)).createOrReplaceTempView(name)
-        return session.sql(desc.sql), _nothing
+        return session.sql(desc.sql), lease.release
 
     return evaluate
 
@@ -247,6 +248,9 @@ class Incremental(Maintainer):
         # Inputs read whole at every step (the other sides of a join) come from a
         # persisted base; a query of one input never reads it whole after hydrating.
         self._cache = len(plan.leaves) > 1
+        # What the step in progress reads of the bases (and its stages' steps): held
+        # until its commit, or until the next step or `close` after one without.
+        self._lease = Lease()
 
     @property
     def light(self) -> bool:
@@ -261,12 +265,15 @@ class Incremental(Maintainer):
         leaves them (-0.0 as 0.0, one NaN), so both give the same bits, and so does
         `Recompute` (which consolidates). (Leaving an aggregate's changes unconsolidated
         too was measured: no faster, 383-394 vs 382-437 ms a step of (a) at 1M.)"""
-        step, commit_states = self._step(time, *self._bindings(time))
+        self._lease.release()  # a step that ended without its commit held it
+        self._lease = lease = Lease()
+        step, commit_states = self._step(time, *self._bindings(time, lease))
 
         def commit() -> None:
             for state in self._states():  # the one part that may fail: before any state changes
-                state.cut_lineage()
+                state.cut_lineage()  # its last job over the bases
             commit_states()
+            lease.release()
 
         if consolidated or self.plan.aggregate is not None:
             return _consolidated(step.changes), commit
@@ -283,7 +290,7 @@ class Incremental(Maintainer):
             names = [n for n in delta.column_names if n != DIFF]
             return _apply(previous, delta, self.desc.name, time), _rows_changed(consolidate_updates(delta, names))
 
-        def abandon() -> None:  # the step's checkpoints go with the next step or `close`
+        def abandon() -> None:  # the step's checkpoints and lease go with the next step or `close`
             if shared:
                 changes.unpersist()
 
@@ -306,9 +313,11 @@ class Incremental(Maintainer):
             yield from stage.query._states()
 
     def close(self) -> None:
-        """Release the checkpoints of this dataflow's state and its stages'."""
+        """Release the checkpoints of this dataflow's state and its stages', and what its
+        last step read."""
         for state in self._states():
             state.close()
+        self._lease.release()
 
     def restore(self, time: int) -> None:
         self.close()
@@ -333,30 +342,30 @@ class Incremental(Maintainer):
 
         return step, commit
 
-    def _bindings(self, time: int) -> tuple[dict[int, Binding], dict[int, Version], list[Callable[[], None]]]:
-        """Each leaf's binding for a step at `time`, the index versions bound as new, and
-        the commits of the stages stepped for it (a stage's step is planned here, before
-        this query binds its own views)."""
+    def _bindings(self, time: int, lease: Lease) -> tuple[dict[int, Binding], dict[int, Version], list[Callable[[], None]]]:
+        """Each leaf's binding for a step at `time` (reading bases under `lease`), the
+        index versions bound as new, and the commits of the stages stepped for it (a
+        stage's step is planned here, before this query binds its own views)."""
         bindings, bound, commits = {}, {}, []
         stepped: dict[_Stage, Binding] = {}  # a stage read by several leaves steps once
         for leaf in self.plan.leaves:
             if leaf.stage is not None:
                 stage = self.stages[leaf.position]
                 if stage not in stepped:
-                    stepped[stage], commit = stage.binding(time)
+                    stepped[stage], commit = stage.binding(time, lease)
                     commits.append(commit)
                 bindings[leaf.position] = stepped[stage]
                 continue
             source = self.inputs[leaf.name]
             if isinstance(source, StorageReader):
-                bindings[leaf.position] = self._storage_binding(source, leaf.columns, time)
+                bindings[leaf.position] = self._storage_binding(source, leaf.columns, time, lease)
             else:
                 bindings[leaf.position], bound[leaf.position] = self._index_binding(leaf.position, source, time)
         return bindings, bound, commits
 
-    def _storage_binding(self, reader: StorageReader, columns: tuple[str, ...], time: int) -> Binding:
+    def _storage_binding(self, reader: StorageReader, columns: tuple[str, ...], time: int, lease: Lease) -> Binding:
         def updates(through: int, after: int | None = None) -> DataFrame:
-            frame = reader.updates(self.session, through, after=after, cache=self._cache and after is None)
+            frame = reader.updates(self.session, through, after=after, lease=lease if self._cache else None)
             # One call into the JVM (a Column object per name costs ~1 ms each: 17 ms for
             # lineitem's columns, measured, where this takes 3).
             return frame.selectExpr(*(quote(c) for c in columns), DIFF)
@@ -403,11 +412,12 @@ class _Stage:
         self.query = Incremental(desc, leaf.stage, session, inputs)
         self.rows: DataFrame | None = None  # the output at the last step
 
-    def binding(self, time: int) -> tuple[Binding, Callable[[], None]]:
-        """The leaf's binding for a step at `time`, and the commit keeping the stage's
-        state (to run once the step's output is used)."""
+    def binding(self, time: int, lease: Lease) -> tuple[Binding, Callable[[], None]]:
+        """The leaf's binding for a step at `time` (reading bases under the query's
+        `lease`), and the commit keeping the stage's state (to run once the step's
+        output is used)."""
         query = self.query
-        bindings, bound, commits = query._bindings(time)
+        bindings, bound, commits = query._bindings(time, lease)
         if query.light and not any(b.changed for b in bindings.values()):
             rows = self.rows
 
@@ -475,10 +485,6 @@ def _items(scala_seq) -> list:
     return [scala_seq.apply(i) for i in range(scala_seq.size())]
 
 
-def _nothing() -> None:
-    pass
-
-
 def _view(session: SparkSession, name: str, source: Input) -> None:
     if isinstance(source, StorageReader):
         source.empty(session).drop("_time", DIFF).createOrReplaceTempView(name)
@@ -500,9 +506,9 @@ def _version_at(arrangement: Arrangement, time: int) -> Version:
     return version
 
 
-def _rows_at(session: SparkSession, source: Input, time: int) -> DataFrame:
+def _rows_at(session: SparkSession, source: Input, time: int, lease: Lease) -> DataFrame:
     if isinstance(source, StorageReader):
-        return source.snapshot(session, time, share=True)
+        return source.snapshot(session, time, lease=lease)
     return arrow_frame(session, _version_at(source, time).table)
 
 

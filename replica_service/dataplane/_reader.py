@@ -16,8 +16,13 @@ Rules:
   of the changes in `(a, b]` needs `since <= a + 1`. Anything else is a `FailedPrecondition`
   (the caller retries: it is a moment, not the data).
 - A plan is used within seconds of its manifest read. The persisted base and a shared
-  snapshot (`snapshot(..., share=True)`) outlive steps, but only while the batches they
-  read are the collection's current ones: their files are not collected.
+  snapshot outlive steps, but only while the batches they read are the collection's
+  current ones: their files are not collected.
+- A step reads the base and shared snapshots under a `Lease`, released once its jobs
+  have run. One of them retired meanwhile (displaced, compacted away, closed) is
+  unpersisted only then: a query planned over persisted rows that are unpersisted
+  before it runs builds their blocks again, owned by nothing, until the JVM happens to
+  collect its RDD.
 """
 
 from __future__ import annotations
@@ -61,14 +66,42 @@ class BatchFile:
     rows: int
 
 
+class _Kept:
+    """Persisted rows a reader keeps for many steps, and how many leases hold them. Once
+    retired (no longer the reader's) they are unpersisted as soon as no lease holds
+    them. Guarded by the reader's lock, under which they are also unpersisted: a lease
+    taken after the retirement finds them unpersisted already, so nothing it plans can
+    read them from Spark's cache."""
+
+    __slots__ = ()
+
+    frame: DataFrame | None
+    holders: int
+    retired: bool
+
+    def retire(self) -> None:
+        self.retired = True
+        self._unpersist_if_free()
+
+    def let_go(self) -> None:
+        self.holders -= 1
+        self._unpersist_if_free()
+
+    def _unpersist_if_free(self) -> None:
+        if self.retired and self.holders == 0 and self.frame is not None:
+            self.frame.unpersist()
+
+
 @dataclass(slots=True)
-class _Base:
+class _Base(_Kept):
     """A persisted DataFrame of every update through `through` (a cache: reads are
     correct without it)."""
 
     through: int
     frame: DataFrame
     batches: tuple[str, ...]  # the uris it covers
+    holders: int = 0
+    retired: bool = False
 
 
 class _SnapshotKey(NamedTuple):
@@ -79,19 +112,42 @@ class _SnapshotKey(NamedTuple):
 
 
 @dataclass(slots=True)
-class _Shared:
-    """The newest snapshot asked for with `share` (`_snapshot_key`): the latest time it
+class _Shared(_Kept):
+    """The newest snapshot asked for under a lease (`_snapshot_key`): the latest time it
     was asked at, how many asks it had, and its rows persisted once that is worth it (a
-    cache: reads are correct without it). Released when a newer snapshot displaces it,
-    when its batches stop being the collection's (`refresh`: compacted), or at `close`.
-    A query planned over it just before its release builds the blocks it reads again,
-    unowned; Spark's ContextCleaner drops them once the JVM collects them."""
+    cache: reads are correct without it). Retired when a newer snapshot displaces it,
+    when its batches stop being the collection's (`refresh`: compacted), or at `close`."""
 
     key: _SnapshotKey
     newest: int
     asks: int = 1
     frame: DataFrame | None = None
     building: threading.Lock = field(default_factory=threading.Lock)
+    holders: int = 0
+    retired: bool = False
+
+
+class Lease:
+    """The persisted rows (bases, shared snapshots) one step's plans read. While it
+    holds them, no reader unpersists them; `release` (once the step's jobs have run, or
+    it was abandoned) lets go of them all, and unpersists those retired meanwhile.
+    Thread-safe; releasing twice is harmless."""
+
+    def __init__(self) -> None:
+        self._held: list[tuple[StorageReader, _Kept]] = []
+        self._lock = threading.Lock()
+
+    def _hold(self, reader: StorageReader, kept: _Kept) -> None:
+        """Called under `reader`'s lock, `kept` not retired."""
+        kept.holders += 1
+        with self._lock:
+            self._held.append((reader, kept))
+
+    def release(self) -> None:
+        with self._lock:
+            held, self._held = self._held, []
+        for reader, kept in held:
+            reader._let_go(kept)
 
 
 class StorageReader:
@@ -126,11 +182,9 @@ class StorageReader:
             self._known = {b.uri: b for b in batches}
             self.since, self.upper = state.collection.since, state.collection.upper
             self.refreshed_at = read_at
-            gone = self._shared if self._shared is not None and not self._known.keys() >= set(self._shared.key.uris) else None
-            if gone is not None:
+            if self._shared is not None and not self._known.keys() >= set(self._shared.key.uris):
+                self._shared.retire()  # its batches were compacted away
                 self._shared = None
-        if gone is not None and gone.frame is not None:
-            gone.frame.unpersist()  # its batches were compacted away
 
     def _batch(self, session: SparkSession, lower: int, upper: Frontier, path: str, rows: int) -> BatchFile:
         uri = self.storage.spark_uri(path)
@@ -162,19 +216,23 @@ class StorageReader:
 
     # --- DataFrames ----------------------------------------------------------------------
 
-    def updates(self, session: SparkSession, through: int, *, after: int | None = None, cache: bool = False) -> DataFrame:
+    def updates(self, session: SparkSession, through: int, *, after: int | None = None, lease: Lease | None = None) -> DataFrame:
         """The updates with `after < _time <= through` (user columns, `_time`, `_diff`),
-        unconsolidated. With `cache`, the updates through an earlier time come from a
-        persisted base shared by every step that asks (for inputs read whole at every
-        step: the other sides of a join)."""
+        unconsolidated. Under a `lease` (for inputs read whole at every step: the other
+        sides of a join), the updates through an earlier time come from a persisted base
+        shared by every step that asks, held by the lease."""
         with self._lock:
             self._check_readable(after + 1 if after is not None else through, through)
             batches = [b for b in self._batches if _overlaps(b, after, through)]
-            cache = cache and after is None and not self._closed  # a step still running after the close
+            cache = lease is not None and after is None and not self._closed  # a step still running after the close
             base = self._base if cache else None
             if cache and (base is None or _stale(base, batches, through)):
+                if self._base is not None:
+                    self._base.retire()
                 base = self._base = self._new_base(session, batches, through)
-        if base is not None and base.through <= through:
+            if base is not None:
+                lease._hold(self, base)
+        if base is not None:
             frame = in_session(base.frame, session)
             newer = self._read(session, [b for b in batches if _overlaps(b, base.through, through)], base.through, through)
             return frame.unionByName(newer) if newer is not None else frame
@@ -186,54 +244,58 @@ class StorageReader:
         an empty Python list would start Python workers to read it)."""
         return arrow_frame(session, file_schema(self.schema).empty_table())
 
-    def snapshot(self, session: SparkSession, t: int, *, share: bool = False) -> DataFrame:
+    def snapshot(self, session: SparkSession, t: int, *, lease: Lease | None = None) -> DataFrame:
         """The collection's rows at `t`: one row per unit of net count (user columns).
         The batches without retractions need no consolidation, their rows are just
         expanded; the others' updates, when few, patch them (`_rows.patch`: broadcast,
         no shuffle of the collection); else every update is consolidated. Whichever
         way, float columns are `normalized`: the same rows have the same bits.
 
-        With `share` (for dataflows recomputed over whole snapshots), rows asked for
+        Under a `lease` (for dataflows recomputed over whole snapshots), rows asked for
         more than once are computed once: the second ask persists them on the
         executors' disks (the first ask does, when the snapshot before had several), and
         later asks read them, in any session: six TPC-H queries recomputed over one
-        lineitem snapshot. The rows are the same whether persisted or not."""
+        lineitem snapshot. The lease holds them. The rows are the same whether persisted
+        or not."""
         with self._lock:
             self._check_readable(t, t)
             batches = [b for b in self._batches if _overlaps(b, None, t)]
-            shared, displaced = self._ask(_snapshot_key(batches, t), t) if share and not self._closed else (None, None)
-        if displaced is not None:
-            displaced.unpersist()  # see `_Shared`
+            shared = self._ask(_snapshot_key(batches, t), t) if lease is not None and not self._closed else None
         if shared is None:
             return self._snapshot(session, batches, t)
         with shared.building:  # concurrent asks wait for this one's plan, not build a second copy
             if shared.frame is None:
                 frame = self._snapshot(session, batches, t).persist(StorageLevel.DISK_ONLY)
                 with self._lock:
-                    kept = self._shared is shared  # else a newer snapshot displaced it meanwhile
+                    kept = not shared.retired  # else a newer snapshot displaced it meanwhile
                     if kept:
                         shared.frame = frame
                 if not kept:
-                    frame.unpersist()
+                    frame.unpersist()  # nothing planned over it yet
                     return frame
+            with self._lock:
+                if not shared.retired:  # else unpersisted already: read as if never kept
+                    lease._hold(self, shared)
         return in_session(shared.frame, session)
 
-    def _ask(self, key: _SnapshotKey, t: int) -> tuple[_Shared | None, DataFrame | None]:
-        """Count an ask for the snapshot `key` at `t` (under the lock). Returns the
-        shared entry when the rows are worth persisting: at a second ask of the same
-        rows, or at the first ask after a snapshot that had several (the snapshot several
-        dataflows recompute over, at each change); and the persisted rows this ask
-        displaced, for the caller to release outside the lock."""
+    def _ask(self, key: _SnapshotKey, t: int) -> _Shared | None:
+        """Count an ask for the snapshot `key` at `t` (under the lock), retiring the
+        snapshot it displaces. Returns the shared entry when the rows are worth
+        persisting: at a second ask of the same rows, or at the first ask after a
+        snapshot that had several (the snapshot several dataflows recompute over, at
+        each change)."""
         shared = self._shared
         if shared is not None and shared.key == key:
             shared.asks += 1
             shared.newest = max(shared.newest, t)
-            return shared, None
+            return shared
         if shared is not None and t < shared.newest:
-            return None, None  # a step behind the others: read, do not displace the newest
+            return None  # a step behind the others: read, do not displace the newest
         self._shared = _Shared(key, t)
+        if shared is not None:
+            shared.retire()
         worth = shared is not None and shared.asks > 1  # else wait for a second ask
-        return (self._shared if worth else None), (shared.frame if shared is not None else None)
+        return self._shared if worth else None
 
     def _snapshot(self, session: SparkSession, batches: list[BatchFile], t: int) -> DataFrame:
         settled = [b for b in batches if b.positive]
@@ -259,8 +321,6 @@ class StorageReader:
         return frame.where(keep if after is None else keep & (F.col(TIME) > after))
 
     def _new_base(self, session: SparkSession, batches: list[BatchFile], through: int) -> _Base:
-        if self._base is not None:
-            self._base.frame.unpersist()
         frame = self._read(session, batches, None, through)
         if frame is None:
             frame = self.empty(session)
@@ -275,17 +335,20 @@ class StorageReader:
         if not self.upper.is_complete(last):
             raise FailedPrecondition(f"cannot read {self.id} at {last} yet: its upper is {self.upper}")
 
+    def _let_go(self, kept: _Kept) -> None:
+        """A lease no longer holds `kept` (`Lease.release`)."""
+        with self._lock:
+            kept.let_go()
+
     def close(self) -> None:
-        """Release the base and the shared snapshot; steps still running read on
-        without keeping either."""
+        """Retire the base and the shared snapshot (unpersisted once the steps still
+        running over them release their leases); later steps keep neither."""
         with self._lock:
             self._closed = True
-            if self._base is not None:
-                self._base.frame.unpersist()
-                self._base = None
-            shared, self._shared = self._shared, None
-        if shared is not None and shared.frame is not None:
-            shared.frame.unpersist()
+            for kept in (self._base, self._shared):
+                if kept is not None:
+                    kept.retire()
+            self._base = self._shared = None
 
 
 def _within(t: int, after: int | None, through: int) -> bool:
