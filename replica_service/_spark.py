@@ -122,9 +122,10 @@ def session_conf(settings: SparkSettings, work_dir: Path) -> dict[str, str]:
         "spark.sql.codegen.useIdInClassName": "false",
         "spark.sql.codegen.cache.maxEntries": "4096",
         # A shuffle map task with at most this many reducers writes a file per reducer,
-        # then joins them into one: 200 files created and deleted per task at the
-        # default 200 shuffle partitions (AQE coalesces partitions only after the map
-        # side). About 40% of a TPC-H replica's CPU went to creating them (ext4's inode
+        # then joins them into one: 200 files created and deleted per task at Spark's
+        # default 200 shuffle partitions, which an instance may set (Tandem's default
+        # is 4; AQE coalesces partitions only after the map side). With 200, about 40%
+        # of the CPU of a process stepping TPC-H went to creating them (ext4's inode
         # search). At 0 every task writes one sorted file (ARCHITECTURE "Shuffle files").
         "spark.shuffle.sort.bypassMergeThreshold": "0",
     }
