@@ -187,8 +187,8 @@ def test_a_shared_snapshot_is_released_when_its_batches_are_compacted_and_when_t
     source.append(session, [{"id": 1, "k": "a", "x": 1.0}])
     source.append(session, [{"id": 2, "k": "b", "x": 2.0}])
     t = source.append(session, [{"id": 3, "k": None, "x": -0.0}], picks=[0])
-    lease = Lease()  # never released here: a retired snapshot waits only for leases still held
-    source.reader.snapshot(session, t, lease=Lease())
+    lease = Lease()
+    source.reader.snapshot(session, t, lease=lease)  # a first ask: nothing to hold
     persisted = source.reader.snapshot(session, t, lease=lease)
     expected = normalized_bits(source.storage.read_snapshot(source.id, t))
     assert persisted.storageLevel.useDisk and bits(persisted.toArrow()) == expected
@@ -205,6 +205,7 @@ def test_a_shared_snapshot_is_released_when_its_batches_are_compacted_and_when_t
     assert again.storageLevel.useDisk and bits(again.toArrow()) == expected
 
     source.reader.close()
+    assert again.storageLevel.useDisk  # held
     lease.release()
     assert not again.storageLevel.useDisk
 
