@@ -229,7 +229,7 @@ def test_rows_retired_while_a_step_holds_them_are_released_once_it_ends(env, ret
     before = _persisted(session)
     lease = Lease()
     base = source.reader.updates(session, t, lease=lease).groupBy().count()
-    source.reader.snapshot(session, t, lease=Lease())  # the second ask persists
+    source.reader.snapshot(session, t, lease=Lease())  # a first ask: the next one persists
     snapshot = source.reader.snapshot(session, t, lease=lease).groupBy().count()
     for planned in (base, snapshot):
         assert "InMemoryRelation" in planned._jdf.queryExecution().optimizedPlan().toString()

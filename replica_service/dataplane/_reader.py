@@ -66,18 +66,16 @@ class BatchFile:
     rows: int
 
 
+@dataclass(slots=True)
 class _Kept:
-    """Persisted rows a reader keeps for many steps, and how many leases hold them. Once
-    retired (no longer the reader's) they are unpersisted as soon as no lease holds
-    them. Guarded by the reader's lock, under which they are also unpersisted: a lease
-    taken after the retirement finds them unpersisted already, so nothing it plans can
-    read them from Spark's cache."""
+    """Persisted rows a reader keeps for many steps (a subclass's `frame`), and how many
+    leases hold them. Once retired (no longer the reader's) they are unpersisted as soon
+    as no lease holds them. Guarded by the reader's lock, under which they are also
+    unpersisted: a lease taken after the retirement finds them unpersisted already, so
+    nothing it plans can read them from Spark's cache."""
 
-    __slots__ = ()
-
-    frame: DataFrame | None
-    holders: int
-    retired: bool
+    holders: int = field(default=0, kw_only=True)
+    retired: bool = field(default=False, kw_only=True)
 
     def retire(self) -> None:
         self.retired = True
@@ -100,8 +98,6 @@ class _Base(_Kept):
     through: int
     frame: DataFrame
     batches: tuple[str, ...]  # the uris it covers
-    holders: int = 0
-    retired: bool = False
 
 
 class _SnapshotKey(NamedTuple):
@@ -123,8 +119,6 @@ class _Shared(_Kept):
     asks: int = 1
     frame: DataFrame | None = None
     building: threading.Lock = field(default_factory=threading.Lock)
-    holders: int = 0
-    retired: bool = False
 
 
 class Lease:
