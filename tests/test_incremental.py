@@ -70,6 +70,8 @@ SHAPES = {
     "global": "SELECT count(*) AS c, sum(x) AS s, max(q) AS m, count(DISTINCT k) AS dk FROM t",
     "distinct": "SELECT DISTINCT k, n FROM t",
     "union": "SELECT id, k FROM t WHERE n > 0 UNION ALL SELECT id, z AS k FROM u",
+    # A union beside a join's other side is read whole in that side's term.
+    "union_joined": "SELECT x.id, x.k, u.y FROM (SELECT id, k FROM t WHERE n > 0 UNION ALL SELECT id, z AS k FROM u) x JOIN u ON x.id = u.id",
     "floats": "SELECT id, x, -x AS nx, x * 0 AS zero FROM t",  # -0.0 and NaN carried through as they are
     "join": "SELECT t.id, t.k, u.y FROM t JOIN u ON t.id = u.id",
     "join_aggregate": "SELECT u.z, count(*) AS c, sum(t.q) AS s, avg(t.x) AS a, max(t.n) AS m FROM t JOIN u ON t.id = u.id GROUP BY u.z",

@@ -36,6 +36,8 @@ SHAPES = {
         "SELECT k, count(*) AS c, sum(q) AS s FROM t a "
         "WHERE NOT EXISTS (SELECT * FROM t b WHERE b.id = a.id AND b.n <> a.n AND b.x > 0) GROUP BY k"
     ),
+    # Two anti-joins: the first one's rows (a union) beside the second one's stage.
+    "not_exists_twice": "SELECT id, k, n FROM t a WHERE NOT EXISTS (SELECT * FROM u WHERE u.id = a.id AND u.y > 0) AND NOT EXISTS (SELECT * FROM u v WHERE v.y = a.n)",
     "in_aggregate": "SELECT t.k, sum(t.q) AS s, count(*) AS c FROM t WHERE t.id IN (SELECT id FROM u GROUP BY id HAVING count(*) > 1) GROUP BY t.k",
 }
 

@@ -36,8 +36,9 @@ casts), so the rewritten plan computes exactly what the query computes, row by r
 The derivative rule (DESIGN section 10): with leaves L0..Ln, the change of an SPJ query
 between t' and t is the sum over i of the query with leaves before i at t, leaf i's
 change in (t', t], and leaves after i at t'. `terms[i]` is that query for leaf i (the
-branches of a `UNION ALL` that do not read leaf i are cut off), `full` the query over
-every branch, used to hydrate from whole snapshots.
+branches of a `UNION ALL` above leaf i that do not read it are cut off; a union elsewhere
+is read whole), `full` the query over every branch, used to hydrate from whole
+snapshots.
 
 Rules: this module only reads and builds trees (analysis, never a job). The controller's
 planner calls `delta_plan` to classify a dataflow, the replica to build it; both analyze
@@ -256,7 +257,8 @@ class _Builder:
         return jvm.project([*outputs, jvm.alias(jvm.column(diff), DIFF)], node)
 
     def _rewritten(self, tree: _Tree, term: int | None) -> tuple[Any, str, frozenset[int]]:
-        key = (tree, term if tree.has_union else None)
+        # Only a union above the term's leaf is rewritten for that term (see `_rewrite`).
+        key = (tree, term if tree.has_union and term in tree.positions else None)
         if key not in self._rewrites:
             self._rewrites[key] = self._rewrite(tree, term)
         return self._rewrites[key]
@@ -281,8 +283,11 @@ class _Builder:
         if name == "Sort":
             return rewritten[0]
         if name == "Union":
+            # A union above the term's leaf changes only in the branch that reads it: the
+            # others are cut. A union beside it (the other side of a join, as the rows
+            # of a first NOT EXISTS are beside a second's stage) is read whole.
             branches = [
-                child if term is None or term in below else jvm.filter(jvm.expression("false"), child)
+                child if term not in leaves or term in below else jvm.filter(jvm.expression("false"), child)
                 for child, _, below in rewritten
             ]
             return node.withNewChildren(jvm.seq(branches)), rewritten[0][1], leaves
