@@ -7,7 +7,7 @@ the delta planner turns into joins with stages (ARCHITECTURE "Stages")."""
 from __future__ import annotations
 
 import pytest
-from incremental_cases import check_shape, spark_env
+from incremental_cases import check_shape, run_shape, spark_env
 
 pytestmark = pytest.mark.spark
 
@@ -45,3 +45,38 @@ SHAPES = {
 @pytest.mark.parametrize("name", sorted(SHAPES))
 def test_incremental_equals_recompute_and_a_late_hydration_at_every_time(env, name):
     check_shape(env, name, SHAPES[name])
+
+
+def _row(id, k, n):
+    return {"id": id, "k": k, "x": None, "q": None, "n": n}
+
+
+# The ends of BIGINT and INT, both signs, and values that differ only in their high bits.
+_BIGINTS = [-(2**63), 2**63 - 1, -1, 0, 1, 0xFFFF, 0x10000, -0x10000, 2**32, 2**32 + 1, 2**48 - 1, 2**48, -(2**48), 2**47 + 5, 2**31 + 5]
+_INTS = [-(2**31), 2**31 - 1, -1, 0, 0xFFFF, 0x10000, -0x10000, 5, 0x10005]
+
+
+@pytest.mark.parametrize("negated", [False, True], ids=["exists", "not_exists"])
+def test_another_value_is_found_among_large_integers(env, negated):
+    """`<>` beside an equality (another id, another n of the same k), twice in one query,
+    over values the property tests do not draw (above); per k, one whose values are all equal, one
+    whose values all differ, and one that gains and loses a second value, so that a
+    retraction removes a key's least or greatest value (a repair of the extreme).
+    Two NOT EXISTS found the defect that a union beside a term's leaf was cut."""
+    not_ = "NOT " if negated else ""
+    sql = (
+        f"SELECT id, k, n FROM t a WHERE {not_}EXISTS (SELECT * FROM t b WHERE b.k = a.k AND b.id <> a.id) "
+        f"AND {not_}EXISTS (SELECT * FROM t c WHERE c.k = a.k AND c.n <> a.n)"
+    )
+    pairs = list(zip(_BIGINTS, _INTS + _INTS))
+    first = [_row(i, "a", 7) for i in (2**48, 2**48)] + [_row(i, "b", n) for i, n in pairs] + [_row(2**32 + 1, "c", 0x10005)] * 2
+    # Picks index the live rows in order: retract the last and the first, then others.
+    second = [_row(1 + 2**48, "a", 7), _row(2**32, "c", 5), _row(None, "c", None)]
+    third = [_row(2**48, "a", 7 + 0x10000)]
+    sequence = [
+        (first, [], [], [], []),
+        (second, [len(first) - 1, 0], [], [], []),
+        (third, [len(first) - 2], [], [], []),
+        ([], [0, 0, 0], [], [], []),
+    ]
+    run_shape(env, "large_integers", sql, sequence, sql)
