@@ -62,6 +62,9 @@ from replica_service.dataplane._plan import ACC_VIEW, DIFF, AggregateCall, Aggre
 _FLOAT_TYPES = ("FLOAT", "DOUBLE")
 _EXTREME_FUNCTIONS = ("min", "max")
 _STATE_FUNCTIONS = (*_EXTREME_FUNCTIONS, "count_distinct")  # not additive accumulators
+# At most this many dirty groups' keys are broadcast to the scan that repairs them (a few
+# MB through the driver); more are joined with the input by a shuffle.
+_BROADCAST_DIRTY = 100_000
 
 
 class Binding:
@@ -184,13 +187,16 @@ class IncrementalDataflow:
         if self._extremes:
             self._bind("__grouped", summed)
             dirty = summed.where("__dirty").select(*self._keys)
-            repaired = not dirty.isEmpty()  # computes (and checkpoints) the grouped table
+            # Computes (and checkpoints) the grouped table.
+            dirty_groups = dirty.limit(_BROADCAST_DIRTY + 1).count()
+            repaired = dirty_groups > 0
             if repaired:
                 self._bind("__dirty", dirty)
                 for leaf in self.plan.leaves:
                     self._bind(leaf.view, bindings[leaf.position].new)
                 self._bind("__full", self._frame(self.plan.full))
-                self._bind("__repaired", self.checkpoint(self._sql(self._repair_sql())))
+                repair = self._repair_sql(broadcast=dirty_groups <= _BROADCAST_DIRTY)
+                self._bind("__repaired", self.checkpoint(self._sql(repair)))
             summed = self._sql(self._extremes_sql(repaired))
         self._bind("__summed", summed)
         summed_values = {}
@@ -273,22 +279,26 @@ class IncrementalDataflow:
             return grouped
         return f"SELECT *, {' OR '.join(dirty)} AS __dirty FROM ({grouped})"
 
-    def _repair_sql(self) -> str:
+    def _repair_sql(self, *, broadcast: bool) -> str:
         """The extremes of the dirty groups, recomputed from the input at the step's time
         (`__full`: the SPJ part over every input's updates through it, unconsolidated):
         per argument, each value's count summed per group, and the extremes of the
-        values still there."""
+        values still there. With `broadcast`, the dirty groups' keys are broadcast to
+        the input's scan, which then keeps only their rows; Spark would otherwise
+        shuffle the whole input to join it with them (their size is unknown when it
+        plans), as TPC-H q21's stages did with `lineitem` at every step."""
         keys = self._keys
         key_list = _prefix(", ".join(keys))
         grouping = f" GROUP BY {', '.join(keys)}" if keys else ""
         source = "__dirty d"
         columns = [f"d.{k}" for k in keys]
+        hint = "/*+ BROADCAST(d) */ " if broadcast else ""
         for a in sorted({a for _, a in self._extremes.values()}):
             value = _extreme_value(f"__x{a}", self.plan.aggregate.arguments[a])
             extremes = ", ".join(f"{function}(__v) AS rep_{name}" for name, (function, b) in self._extremes.items() if b == a)
             columns += [f"r{a}.rep_{name}" for name, (_, b) in self._extremes.items() if b == a]
             counted = (
-                f"SELECT {key_list}{value} AS __v, sum({DIFF}) AS __c FROM __full f "
+                f"SELECT {hint}{key_list}{value} AS __v, sum({DIFF}) AS __c FROM __full f "
                 f"LEFT SEMI JOIN __dirty d ON {_matching('f', 'd', keys)} "
                 f"WHERE __x{a} IS NOT NULL GROUP BY {key_list}{value}"
             )
