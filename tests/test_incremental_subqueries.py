@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 from incremental_cases import check_shape, run_shape, spark_env
 
+from replica_service.dataplane import _incremental
+
 pytestmark = pytest.mark.spark
 
 
@@ -56,13 +58,19 @@ _BIGINTS = [-(2**63), 2**63 - 1, -1, 0, 1, 0xFFFF, 0x10000, -0x10000, 2**32, 2**
 _INTS = [-(2**31), 2**31 - 1, -1, 0, 0xFFFF, 0x10000, -0x10000, 5, 0x10005]
 
 
-@pytest.mark.parametrize("negated", [False, True], ids=["exists", "not_exists"])
-def test_another_value_is_found_among_large_integers(env, negated):
+@pytest.mark.parametrize(
+    ("negated", "broadcast_limit"),
+    [(False, _incremental._BROADCAST_DIRTY), (True, _incremental._BROADCAST_DIRTY), (True, 0)],
+    ids=["exists", "not_exists", "not_exists_repairs_shuffled"],
+)
+def test_another_value_is_found_among_large_integers(env, negated, broadcast_limit, monkeypatch):
     """`<>` beside an equality (another id, another n of the same k), twice in one query,
-    over values the property tests do not draw (above); per k, one whose values are all equal, one
-    whose values all differ, and one that gains and loses a second value, so that a
-    retraction removes a key's least or greatest value (a repair of the extreme).
-    Two NOT EXISTS found the defect that a union beside a term's leaf was cut."""
+    over values the property tests do not draw (above). Per k: all values equal, all
+    different, or a second value gained and lost, so that a retraction removes a key's
+    least or greatest value and its extreme is repaired (with the dirty keys broadcast,
+    and, past the limit, joined by a shuffle). Two NOT EXISTS found the defect that a
+    union beside a term's leaf was cut."""
+    monkeypatch.setattr(_incremental, "_BROADCAST_DIRTY", broadcast_limit)
     not_ = "NOT " if negated else ""
     sql = (
         f"SELECT id, k, n FROM t a WHERE {not_}EXISTS (SELECT * FROM t b WHERE b.k = a.k AND b.id <> a.id) "
