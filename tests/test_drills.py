@@ -84,6 +84,36 @@ class Drill:
             stop.set()
             thread.join()
 
+    def wait_in_sync(self, instance: str, timeout: float, what: str) -> None:
+        """Wait until every replica of `instance` is in sync; the timeout's message shows
+        them as they were last seen."""
+        seen: list[dict] = []
+
+        def in_sync() -> bool:
+            seen[:] = [self.replicas(instance)]
+            return all(r.in_sync for r in seen[0].values())
+
+        try:
+            wait_until(in_sync, timeout, what)
+        except TimeoutError as e:
+            raise TimeoutError(f"{e}; last seen: {seen[0]}") from None
+
+    def settled(self, instance: str, name: str):
+        """The replica's view once it is in sync and its session counters have stayed the
+        same for a second: whatever a previous drill set off (a reconciliation, say) has
+        been reported in full."""
+
+        def counters(view) -> tuple:
+            return view.epoch, view.replays, view.resumes, view.dataflows_kept, view.dataflows_built
+
+        def steady():
+            first = self.replicas(instance)[name]
+            time.sleep(1)
+            second = self.replicas(instance)[name]
+            return second.in_sync and counters(first) == counters(second) and second
+
+        return wait_until(steady, 60, f"replica {name} settled")
+
     def restart_controller(self) -> None:
         self.controller.kill()
         self.controller = ControllerProcess(self.root, log_name=f"controller-{time.monotonic_ns()}.log", serve_args=SERVE_ARGS)
@@ -115,7 +145,7 @@ def drill(tmp_path_factory):
     client.create_source("sales", SCHEMA)
     client.append("sales", [{"id": i, "region": REGIONS[i % 4], "amount": i * 0.5} for i in range(40)])
     client.create_dataflow("duo", "totals", TOTALS, index_key=["region"])
-    wait_until(lambda: all(r.in_sync for r in state.replicas("duo").values()), 180, "both replicas in sync")
+    state.wait_in_sync("duo", 180, "both replicas in sync")
     state.external, state.proxy = external, proxy
     yield state
     try:
@@ -193,7 +223,7 @@ def test_a_partition_fails_the_replica_after_the_timeout_and_heals(drill):
 
 
 def test_a_cut_stream_resumes_the_session_with_just_what_it_missed(drill):
-    before = drill.replicas("duo")["external"]
+    before = drill.settled("duo", "external")
     with drill.peek_loop("duo") as results:
         drill.client.append("sales", [{"id": 1000, "region": "north", "amount": 1.0}])
         drill.proxy.cut()  # both ends see the stream break at once; the process lives on
@@ -261,14 +291,16 @@ def test_controller_killed_mid_operations_leaves_catalog_and_replicas_agreeing(d
     thread.join()
     client = drill.client
     dataflows = {d.name: d for d in client.list_dataflows("duo")}
-    wait_until(lambda: all(r.in_sync for r in drill.replicas("duo").values()), 180, "replicas in sync after restart")
-    status = client.status("duo")[0]
-    live_indexes = {c.id for c in status.collections if c.since is not None}
-    assert {d.index_id for d in dataflows.values()} == live_indexes  # nothing half-made
-    for name in dataflows:
-        client.peek("duo", name, consistency="strict", timeout_ms=60_000)
-    for name in [n for n in dataflows if n.startswith("churn")]:
-        client.drop_dataflow("duo", name)
+    try:
+        drill.wait_in_sync("duo", 180, "replicas in sync after restart")
+        status = client.status("duo")[0]
+        live_indexes = {c.id for c in status.collections if c.since is not None}
+        assert {d.index_id for d in dataflows.values()} == live_indexes  # nothing half-made
+        for name in dataflows:
+            client.peek("duo", name, consistency="strict", timeout_ms=60_000)
+    finally:  # the later drills run beside `totals` alone, whatever this one found
+        for name in [n for n in dataflows if n.startswith("churn")]:
+            client.drop_dataflow("duo", name)
 
 
 def _descendants(pid: int) -> list[int]:
@@ -389,7 +421,7 @@ def test_a_stale_controller_is_refused_by_replicas_and_the_catalog(drill):
         old.create_source("from_the_past", SCHEMA)
     old.close()
     # Once the newest controller has driven the replica, the older epoch is refused.
-    wait_until(lambda: all(r.in_sync for r in drill.replicas("duo").values()), 180, "replicas in sync")
+    drill.wait_in_sync("duo", 180, "replicas in sync")
     stale = ScriptedClient(drill.external.address, epoch=stale_epoch)
     refusal = stale.wait_for(lambda r: r.refusal, 20, "a refusal")
     assert refusal.code == "stale_epoch"
