@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from catalog import Catalog, Fenced, default_url
-from controller.client import Client, TandemError
+from controller.client import Client, ReplicaView, TandemError
 from controller._process import ControllerProcess, kill_replicas, wait_until
 from fault_proxy import FaultProxy
 from replica_harness import ReplicaProcess, ScriptedClient
@@ -86,24 +86,18 @@ class Drill:
 
     def wait_in_sync(self, instance: str, timeout: float, what: str) -> None:
         """Wait until every replica of `instance` is in sync; the timeout's message shows
-        them as they were last seen."""
-        seen: list[dict] = []
-
-        def in_sync() -> bool:
-            seen[:] = [self.replicas(instance)]
-            return all(r.in_sync for r in seen[0].values())
-
+        them as they are then."""
         try:
-            wait_until(in_sync, timeout, what)
+            wait_until(lambda: all(r.in_sync for r in self.replicas(instance).values()), timeout, what)
         except TimeoutError as e:
-            raise TimeoutError(f"{e}; last seen: {seen[0]}") from None
+            raise TimeoutError(f"{e}; replicas now: {self.replicas(instance)}") from None
 
-    def settled(self, instance: str, name: str):
+    def settled(self, instance: str, name: str) -> ReplicaView:
         """The replica's view once it is in sync and its session counters have stayed the
         same for a second: whatever a previous drill set off (a reconciliation, say) has
         been reported in full."""
 
-        def counters(view) -> tuple:
+        def counters(view: ReplicaView) -> tuple:
             return view.epoch, view.replays, view.resumes, view.dataflows_kept, view.dataflows_built
 
         def steady():
