@@ -38,6 +38,9 @@ from pyspark.java_gateway import launch_gateway
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
+from replica_service._class_archive import archive_option
+from replica_service._class_archive import build as build_class_archive
+
 log = logging.getLogger(__name__)
 
 K = TypeVar("K")
@@ -88,7 +91,7 @@ def session_conf(settings: SparkSettings, work_dir: Path) -> dict[str, str]:
         "spark.master": settings.master,
         "spark.app.name": f"tandem-replica-{os.getpid()}",
         "spark.driver.memory": settings.driver_memory,
-        "spark.driver.extraJavaOptions": DRIVER_JVM_OPTIONS,
+        "spark.driver.extraJavaOptions": f"{DRIVER_JVM_OPTIONS} {archive_option(DRIVER_JVM_OPTIONS)}".rstrip(),
         "spark.driver.host": settings.driver_host,
         "spark.driver.bindAddress": settings.driver_bind_address,
         "spark.ui.enabled": "false",
@@ -131,6 +134,12 @@ def session_conf(settings: SparkSettings, work_dir: Path) -> dict[str, str]:
     }
     conf.update(settings.conf)
     return conf
+
+
+def make_class_archive() -> Path | None:
+    """Make the class archive that the JVMs launched here map at start-up, unless it
+    exists (`_class_archive`: once per machine, about 30 s); None if it cannot be made."""
+    return build_class_archive(DRIVER_JVM_OPTIONS)
 
 
 def _prepare_environment(work_dir: Path) -> None:
