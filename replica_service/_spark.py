@@ -39,6 +39,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from replica_service._class_archive import archive_option
+from replica_service._class_archive import archive_path as class_archive_path
 from replica_service._class_archive import build as build_class_archive
 
 log = logging.getLogger(__name__)
@@ -134,6 +135,11 @@ def session_conf(settings: SparkSettings, work_dir: Path) -> dict[str, str]:
     }
     conf.update(settings.conf)
     return conf
+
+
+def class_archive() -> Path | None:
+    """The class archive the JVMs launched here map at start-up, if it was made."""
+    return class_archive_path(DRIVER_JVM_OPTIONS)
 
 
 def make_class_archive() -> Path | None:
