@@ -172,7 +172,7 @@ class Controller:
         except ControllerError:
             catalog.close()
             raise
-        # Once per machine (about 30 s): the JVMs launched from now on, the planner's and
+        # Once per machine (about 40 s): the JVMs launched from now on, the planner's and
         # the local replicas', start in about half the time.
         await asyncio.to_thread(make_class_archive)
         planner = await asyncio.to_thread(Planner.launch, data_dir / "planner")  # before any gRPC thread

@@ -39,6 +39,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pyspark
+from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +142,7 @@ def _build(stem: Path, jvm_options: str, timeout_s: float) -> Path | None:
         partial.unlink(missing_ok=True)
 
 
-def _session(work_dir: Path, jvm_options: str):  # -> SparkSession
+def _session(work_dir: Path, jvm_options: str) -> SparkSession:
     from replica_service import _spark
 
     settings = _spark.SparkSettings("local[2]", conf={"spark.driver.extraJavaOptions": jvm_options})

@@ -38,9 +38,7 @@ from pyspark.java_gateway import launch_gateway
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from replica_service._class_archive import archive_option
-from replica_service._class_archive import archive_path as class_archive_path
-from replica_service._class_archive import build as build_class_archive
+from replica_service._class_archive import archive_option, archive_path as class_archive_path, build as build_class_archive
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +142,7 @@ def class_archive() -> Path | None:
 
 def make_class_archive() -> Path | None:
     """Make the class archive that the JVMs launched here map at start-up, unless it
-    exists (`_class_archive`: once per machine, about 30 s); None if it cannot be made."""
+    exists (`_class_archive`: once per machine, about 40 s); None if it cannot be made."""
     return build_class_archive(DRIVER_JVM_OPTIONS)
 
 

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Make the JVM class archive before any test launches a JVM: once per machine
-    (about 30 s), and every JVM of the suite then starts in about half the time
+    (about 40 s), and every JVM of the suite then starts in about half the time
     (replica_service/_class_archive.py). Done by xdist's controller (or the one process
     of `-n 0`), in a subprocess: this process imports nothing for it."""
     if not hasattr(config, "workerinput"):
