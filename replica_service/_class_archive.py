@@ -3,9 +3,9 @@
 A Spark driver JVM loads, parses and verifies thousands of classes before it answers
 its first query: most of a replica's start-up. An archive holds those classes already
 parsed and verified; every later JVM of the same Java and Spark install maps it (read
-only) instead. A replica then serves about 2.2 s after it is spawned instead of 3.7 s,
-and three spawned at once after 4.5-4.8 s instead of 7.9-8.1 s (ARCHITECTURE "Class
-archive").
+only) instead. A replica then serves about 2.0 s after it is spawned instead of 3.5 s,
+and three spawned at once after 4.3 s instead of 7.0 s (`bench/startup_bench.py`,
+ARCHITECTURE "Class archive").
 
 The archive is made once by a *training run*: a JVM launched with
 `-XX:ArchiveClassesAtExit` runs Tandem's own data plane over a tiny source (hydration,
