@@ -44,6 +44,9 @@ from pyspark.sql import SparkSession
 log = logging.getLogger(__name__)
 
 BUILD_TIMEOUT_S = 300.0
+# Archives kept in the cache, the newest first: each install (a virtual environment at
+# another path, as a CI run's clean clone may be) makes its own, of about 180 MiB.
+KEEP = 3
 # The training and check runs: this module with `--train OUT OPTIONS` or `--check
 # ARCHIVE OPTIONS`.
 COMMAND = [sys.executable, "-m", __name__]
@@ -134,12 +137,22 @@ def _build(stem: Path, jvm_options: str, timeout_s: float) -> Path | None:
                 return None
         archive = stem.with_name(f"{stem.name}-{partial.stat().st_size}.jsa")
         os.replace(partial, archive)
+        _prune(stem.parent)
         return archive
     except subprocess.TimeoutExpired as expired:
         log.warning("no JVM class archive: %s took over %.0f s", expired.cmd[len(COMMAND)], timeout_s)
         return None
     finally:
         partial.unlink(missing_ok=True)
+
+
+def _prune(cache: Path) -> None:
+    """Remove all but the `KEEP` newest archives. A JVM that maps a removed one keeps
+    its pages; one launched with it afterwards starts without (a missing archive is
+    ignored), and its install makes a new one at its controller's next start."""
+    archives = sorted(cache.glob("spark-*.jsa"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    for old in archives[KEEP:]:
+        old.unlink(missing_ok=True)
 
 
 def _session(work_dir: Path, jvm_options: str) -> SparkSession:
@@ -202,7 +215,8 @@ def _check(archive: Path, jvm_options: str) -> None:
     """Fail unless a JVM launched as replicas are launched maps `archive` and answers."""
     with tempfile.TemporaryDirectory(prefix="tandem-class-archive-") as scratch:
         session = _session(Path(scratch), f"{jvm_options} -Xshare:on -XX:SharedArchiveFile={archive}")
-        assert session.range(7).count() == 7
+        if session.range(7).count() != 7:
+            raise SystemExit("the JVM mapping the archive answered wrong")
 
 
 if __name__ == "__main__":

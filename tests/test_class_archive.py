@@ -5,6 +5,7 @@ it; one cut short (which would crash the JVM) not used."""
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -66,6 +67,23 @@ def test_a_failed_run_leaves_no_archive(cache: Path, monkeypatch: pytest.MonkeyP
     assert logged in caplog.text
     assert [p.suffix for p in cache.iterdir()] == [".lock"]  # nothing half-written
     assert _class_archive.archive_option("-Xss2m") == ""
+
+
+def test_the_cache_keeps_the_newest_archives(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Other installs' archives (made for other JVM options here), older with each."""
+    cache.mkdir()
+    others = []
+    for age in range(_class_archive.KEEP + 1):
+        stem = _class_archive._stem(f"-Xss{age + 1}m")
+        others.append(stem.with_name(f"{stem.name}-7.jsa"))
+        others[-1].write_text("classes")
+        os.utime(others[-1], ns=(10**18 - age * 10**9,) * 2)
+    monkeypatch.setattr(_class_archive, "COMMAND", runs("open(path, 'w').write('classes')"))
+
+    newest = _class_archive.build("-Xss64m")
+
+    assert sorted(cache.glob("*.jsa")) == sorted([newest, *others[: _class_archive.KEEP - 1]])
+    assert _class_archive.archive_path(f"-Xss{_class_archive.KEEP + 1}m") is None
 
 
 def test_an_archive_cut_short_is_not_used(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
