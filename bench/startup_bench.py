@@ -100,14 +100,15 @@ def main() -> None:
         if make_class_archive() is None:
             raise SystemExit("the class archive could not be made (see the warning above)")
         print(f"made the class archive in {time.perf_counter() - started:.1f} s")
-    print(f"class archive: {class_archive()} ({class_archive().stat().st_size / 2**20:.0f} MB)")
+    archive = class_archive()
+    print(f"class archive: {archive} ({archive.stat().st_size / 2**20:.0f} MiB)")
 
     figures: dict[str, dict[str, list[float]]] = {case: {"one": [], "cpu": [], "three": [], "pss": []} for case in ("with", "without")}
     with tempfile.TemporaryDirectory(prefix="tandem-startup-") as scratch:
         work, empty = Path(scratch), Path(scratch) / "no-archive"
         empty.mkdir()
         envs = {"with": dict(os.environ), "without": {**os.environ, "TANDEM_CACHE_DIR": str(empty)}}
-        for round in range(args.rounds):
+        for number in range(1, args.rounds + 1):
             for case, env in envs.items():
                 serving, cpu = one(work, env)
                 last, sizes = three(work, env)
@@ -115,7 +116,7 @@ def main() -> None:
                 figures[case]["cpu"].append(cpu)
                 figures[case]["three"].append(last)
                 figures[case]["pss"].extend(sizes)
-                print(f"round {round + 1} {case:7s}: one {serving:.2f} s ({cpu:.1f} s CPU), three at once {last:.2f} s, PSS {sizes} MB", flush=True)
+                print(f"round {number} {case:7s}: one {serving:.2f} s ({cpu:.1f} s CPU), three at once {last:.2f} s, PSS {sizes} MB", flush=True)
 
     print("\n| median | with the archive | without | ratio |\n|---|---|---|---|")
     for key, what in (("one", "one replica: spawn to serving, s"), ("cpu", "one replica: CPU, spawn to exit, s"), ("three", "three at once: spawn to the last serving, s"), ("pss", "a JVM's PSS, MB")):

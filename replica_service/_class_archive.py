@@ -150,8 +150,13 @@ def _prune(cache: Path) -> None:
     """Remove all but the `KEEP` newest archives. A JVM that maps a removed one keeps
     its pages; one launched with it afterwards starts without (a missing archive is
     ignored), and its install makes a new one at its controller's next start."""
-    archives = sorted(cache.glob("spark-*.jsa"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
-    for old in archives[KEEP:]:
+    def modified(archive: Path) -> int:
+        try:
+            return archive.stat().st_mtime_ns
+        except FileNotFoundError:  # pruned meanwhile by another install's builder
+            return -1
+
+    for old in sorted(cache.glob("spark-*.jsa"), key=modified, reverse=True)[KEEP:]:
         old.unlink(missing_ok=True)
 
 

@@ -70,7 +70,8 @@ def test_a_failed_run_leaves_no_archive(cache: Path, monkeypatch: pytest.MonkeyP
 
 
 def test_the_cache_keeps_the_newest_archives(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Other installs' archives (made for other JVM options here), older with each."""
+    """Other installs' archives (made for other JVM options here), older with each; the
+    one published is returned even if another vanishes while the cache is pruned."""
     cache.mkdir()
     others = []
     for age in range(_class_archive.KEEP + 1):
@@ -78,6 +79,9 @@ def test_the_cache_keeps_the_newest_archives(cache: Path, monkeypatch: pytest.Mo
         others.append(stem.with_name(f"{stem.name}-7.jsa"))
         others[-1].write_text("classes")
         os.utime(others[-1], ns=(10**18 - age * 10**9,) * 2)
+    # An archive gone between the listing and its stat (another install's builder
+    # pruned it): a link to nothing.
+    (cache / "spark-gone-7.jsa").symlink_to(cache / "nothing")
     monkeypatch.setattr(_class_archive, "COMMAND", runs("open(path, 'w').write('classes')"))
 
     newest = _class_archive.build("-Xss64m")
