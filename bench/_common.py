@@ -19,12 +19,22 @@ import pyarrow.compute as pc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from catalog import Catalog  # noqa: E402
 from controller._process import ControllerProcess, kill_replicas, wait_until  # noqa: E402
 from controller.client import Client  # noqa: E402
+from storage import Storage  # noqa: E402
 
 SALES = "id BIGINT NOT NULL, region STRING, amount DOUBLE"
 GROUPS = 100
 LOAD_BATCH = 500_000
+
+
+def scratch_storage(root: Path) -> Storage:
+    """Storage under `root` with a SQLite catalog of its own, this process its controller
+    (for benches that step dataflows in-process)."""
+    catalog = Catalog.open(f"sqlite:///{root / 'catalog.db'}")
+    catalog.become_controller()
+    return Storage(catalog, root / "blobs", fsync=False)
 
 
 def log(message: str) -> None:

@@ -26,11 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tpch  # noqa: E402
-from _common import log  # noqa: E402
-from catalog import Catalog  # noqa: E402
+from _common import log, scratch_storage  # noqa: E402
+
 from replica_service import _spark  # noqa: E402
 from replica_service.dataplane import StorageReader, _reader  # noqa: E402
-from storage import Storage  # noqa: E402
 
 QUERIES = ("q4", "q17", "q18", "q20", "q21")  # recomputed, over lineitem
 PATHS = {"patched": _reader.PATCH_MAX_ROWS, "consolidated": -1}
@@ -43,9 +42,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tandem-snapshot-") as directory:
         root = Path(directory)
-        catalog = Catalog.open(f"sqlite:///{root / 'catalog.db'}")
-        catalog.become_controller()
-        storage = Storage(catalog, root / "blobs", fsync=False)
+        storage = scratch_storage(root)
         tables = tpch.generate(args.sf)
         ids = {}
         for name, table in tables.items():

@@ -331,6 +331,71 @@ def test_a_dataflow_keeps_one_states_checkpoints_however_many_steps(env, sql):
     assert counts[1:] == [counts[1]] * 5, counts
 
 
+def _row(id: int, k: str) -> dict:
+    return {"id": id, "k": k, "x": float(id % 3), "q": None, "n": id}
+
+
+# Batches of (t inserts, t retraction picks, u inserts, u picks, t updates): b vanishes
+# at the first overlaid step and comes back at the next; then two groups a step.
+_OVERLAID_BATCHES = [
+    ([_row(0, "a"), _row(1, "b"), _row(2, "a"), _row(3, "b")], [], [], [], []),
+    ([_row(4, "a")], [1, 2], [], [], []),  # b's two rows retracted
+    ([_row(5, "b")], [], [], [], []),
+    ([_row(6, "a"), _row(7, "c")], [], [], [], []),
+    ([_row(8, "a"), _row(9, "b")], [], [], [], []),
+    ([_row(10, "c")], [0], [], [], []),
+    ([_row(11, "b"), _row(12, "c")], [], [], [], []),
+]
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT k, count(*) AS c, sum(n) AS s, max(x) AS m FROM t GROUP BY k",
+        "SELECT k, sum(n) AS s FROM t GROUP BY k ORDER BY s DESC LIMIT 2",  # reads every group
+    ],
+    ids=["aggregate", "ranked"],
+)
+def test_a_large_state_steps_through_an_overlay_merged_into_a_new_base_at_its_limit(env, sql):
+    """A state of many groups (here: any, the limits forced low by `Flow(overlaid=True)`)
+    keeps its base while steps write only the overlay of the groups they touch (a group
+    left with no rows keeps a row there that hides the base's); once the overlay may
+    hold more than its limit (8 groups), a full step merges it into a new base. Every
+    version equals the recomputed one, and the checkpoints kept stay bounded, their
+    lineage cut."""
+    session = env["session"]
+    sources = Sources(env)
+    readers = {"t": StorageReader(sources.storage, sources.t), "u": StorageReader(sources.storage, sources.u)}
+    before = set(_local_checkpoints(session))
+    flows, kinds, kept = {}, [], []
+    for step, batch in enumerate(_OVERLAID_BATCHES):
+        time = sources.apply(batch)
+        for reader in readers.values():
+            reader.refresh(session)
+        flows = flows or {
+            "overlaid": Flow(env, "overlaid", sql, "incremental", readers, overlaid=True),
+            "recompute": Flow(env, "recomputed", sql, "recompute", readers),
+        }
+        state = flows["overlaid"].maintainer.state
+        base = state._base
+        for flow in flows.values():
+            flow.step(time)
+        assert flows["overlaid"].digests[time] == flows["recompute"].digests[time], f"step {step}"
+        overlaid = state._overlay is not None
+        assert (state._base is base) == overlaid, f"step {step}: the base was written by an overlaid step, or kept by a full one"
+        kinds.append("overlaid" if overlaid else "full")
+        _spark.release_dropped_proxies()
+        ours = {id: cut for id, cut in _local_checkpoints(session).items() if id not in before}
+        assert all(ours.values()), f"step {step}: a kept checkpoint still has its lineage"
+        kept.append(len(ours))
+    # Groups touched: 2, 1, 2, 2 overlaid (7), then 2 more (a retracted, c) is 9 > 8:
+    # merged; then 2.
+    assert kinds == ["full", "overlaid", "overlaid", "overlaid", "overlaid", "full", "overlaid"], kinds
+    # The base, the overlay and one step's others (touched keys, sums, repairs, top
+    # rows): as many after the merge as before it.
+    assert max(kept[5:]) <= max(kept[:5]), kept
+
+
 def test_a_replica_session_takes_task_memory_in_small_pages(env):
     """A step's few rows must not cost a page sized to the heap per operator and task:
     an aggregation of a few rows in a replica's session peaks at a 1 MB page (and its

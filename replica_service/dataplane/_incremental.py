@@ -29,7 +29,8 @@ cuts its lineage and releases the state before): it is never read from storage a
 and a step reads an input whole only to repair dirty extremes. A step's cost is the
 change plus one pass over the state (one row per group; one per group and value for
 COUNT(DISTINCT)), not the inputs: for a few thousand groups, that pass is a few
-milliseconds.
+milliseconds. A state of many groups is kept as a base and an overlay of the groups
+changed since: a step then reads the base, but writes only the overlay.
 
 Path independence: every accumulator is an exact sum over the group's rows whatever
 their order, partitioning or the times they arrived at, and the output is a function of
@@ -65,6 +66,16 @@ _STATE_FUNCTIONS = (*_EXTREME_FUNCTIONS, "count_distinct")  # not additive accum
 # At most this many dirty groups' keys are broadcast to the scan that repairs them (a few
 # MB through the driver); more are joined with the input by a shuffle.
 _BROADCAST_DIRTY = 100_000
+# An aggregate's state of at least this many groups is kept as a base and an overlay:
+# a step then reads the base (the touched groups' rows, and the untouched ones where
+# the whole output is asked for) but does not write it again. Once the overlay may
+# hold more than OVERLAY_MAX_GROUPS groups, a full step merges it into a new base.
+# The overlay's extra jobs cost about what writing 100,000 groups does: a step over a
+# state of 1,000 groups took twice as long overlaid, one of 150,000 groups 0.87x, of
+# 1,000,000 groups a third (`bench/groups_bench.py`).
+OVERLAY_MIN_GROUPS = 150_000
+OVERLAY_MAX_GROUPS = 50_000
+RECOUNT_STEPS = 16
 
 
 class Binding:
@@ -120,12 +131,20 @@ class IncrementalDataflow:
         # Each extreme kept per group, by state column name: (function, argument).
         self._extremes = {_extreme_name(c): (c.function, c.argument) for c in shape.calls if c.function in _EXTREME_FUNCTIONS} if shape else {}
         # The state, once hydrated: accumulators and extremes per group (__k*, then the
-        # accumulators' and extremes' names) and, per COUNT(DISTINCT) argument, counts
-        # per group and value (__k*, __v, __c).
-        self._acc: DataFrame | None = None
+        # accumulators' and extremes' names) as a base and an overlay, and, per
+        # COUNT(DISTINCT) argument, counts per group and value (__k*, __v, __c).
+        self._base: DataFrame | None = None  # every group, as of the last full step
+        self._base_groups: int | None = None  # its groups, as last counted
+        self._full_steps_uncounted = 0  # full steps since
+        # The groups changed since, with their current rows (a group with none left
+        # keeps a row with `__n` 0, hiding the base's); None when there are none.
+        self._overlay: DataFrame | None = None
+        self._overlay_groups = 0  # the touched groups summed over its steps: a bound on its size
         self._values: dict[int, DataFrame | None] = {a: None for a in self._value_arguments}
         self._top: DataFrame | None = None  # a ranked aggregate's output (its top rows)
-        # Checkpoints of the committed state, and of the step in progress.
+        # Checkpoints the base reads, the rest of the committed state's, and the step's
+        # in progress.
+        self._base_kept: list[DataFrame] = []
         self._kept: list[DataFrame] = []
         self._pending: list[DataFrame] = []
 
@@ -174,23 +193,38 @@ class IncrementalDataflow:
         return changes
 
     def _aggregate_step(self, time: int, shape: AggregateShape, pre: DataFrame, bindings: Mapping[int, Binding], whole: bool) -> Step:
-        """One query: every group's accumulators before and after the change (the state
-        and the change's rows, summed per group), of which the touched groups' old (-1)
-        and new (+1) values go through the post-aggregate template. The summed table is
-        checkpointed as it is computed, and the next state is its new half. With
-        extremes, a first job computes it and counts the dirty groups, whose extremes
-        are then recomputed from the input (`_repair_sql`)."""
+        """One query: the accumulators of every group the change touches, before and
+        after it (the state's rows and the change's, summed per group), of which the old
+        (-1) and new (+1) values go through the post-aggregate template. The summed table
+        is checkpointed as it is computed. With extremes, a first job computes it and
+        counts the dirty groups, whose extremes are then recomputed from the input
+        (`_repair_sql`).
+
+        The state is a base and an overlay (`_overlay_applies`). A *full* step sums the whole
+        state with the change, and its new half is the next base (the overlay merged
+        in). An *overlaid* step sums only the touched groups' current rows with the
+        change, and their new rows replace theirs in the overlay; the base stays."""
         self._bind("__pre", pre)
-        if self._acc is not None:
-            self._bind("__state", self._acc)
+        overlaid, touched_groups = self._overlay_applies(), 0
+        if overlaid:
+            touched = self.checkpoint(self._sql(f"SELECT DISTINCT {', '.join(self._keys)} FROM __pre"))
+            touched_groups = _count(touched)
+            overlaid = self._overlay_groups + touched_groups <= OVERLAY_MAX_GROUPS  # else merged into a new base
+        if self._base is not None:
+            self._bind("__base", self._base)
+            if self._overlay is not None:
+                self._bind("__overlay", self._overlay)
+            if overlaid:
+                self._bind("__keys", touched)
+                self._bind("__state", self._sql(self._touched_sql()))
+            else:
+                self._bind("__state", self._sql(self._current_sql("__overlay" if self._overlay is not None else None)))
         summed = self.checkpoint(self._sql(self._summed_sql()))
+        base_parts = [summed]
         if self._extremes:
             self._bind("__grouped", summed)
             dirty = summed.where("__dirty").select(*self._keys)
-            # Computes (and checkpoints) the grouped table. Counted by the RDD: a count
-            # planned as a query (an aggregate over a limit) compiled new code for every
-            # dataflow (`test_steps_of_a_query_seen_before_compile_no_code`).
-            dirty_groups = dirty._jdf.queryExecution().toRdd().count()
+            dirty_groups = _count(dirty)  # computes (and checkpoints) the grouped table
             repaired = dirty_groups > 0
             if repaired:
                 self._bind("__dirty", dirty)
@@ -198,43 +232,114 @@ class IncrementalDataflow:
                     self._bind(leaf.view, bindings[leaf.position].new)
                 self._bind("__full", self._frame(self.plan.full))
                 repair = self._repair_sql(broadcast=dirty_groups <= _BROADCAST_DIRTY)
-                self._bind("__repaired", self.checkpoint(self._sql(repair)))
+                base_parts.append(self.checkpoint(self._sql(repair)))
+                self._bind("__repaired", base_parts[-1])
             summed = self._sql(self._extremes_sql(repaired))
         self._bind("__summed", summed)
+        keys = _prefix(", ".join(self._keys))
+        accumulators = ", ".join(f"new_{n} AS {n}" for n in (*self._accumulators, *self._extremes))
+        every_group = summed
+        if overlaid:
+            # The touched groups' new rows (those left with no rows too: they hide the
+            # base's) replace theirs in the overlay; checkpointed, so that overlays do
+            # not chain. The untouched groups are read from it and the base.
+            overlay = f"SELECT {keys}{accumulators} FROM __summed"
+            if self._overlay is not None:
+                overlay += f" UNION ALL SELECT /*+ BROADCAST(c) */ o.* FROM __overlay o LEFT ANTI JOIN __keys c ON {_matching('o', 'c', self._keys)}"
+            next_overlay = self.checkpoint(self._sql(overlay))
+            if whole or self.plan.ranked is not None:
+                self._bind("__overlay", next_overlay)
+                every_group = summed.unionByName(self._sql(self._untouched_sql()))
         summed_values = {}
         for a in self._value_arguments:
             if self._values[a] is not None:
                 self._bind(f"__vstate{a}", self._values[a])
             summed_values[a] = self.checkpoint(self._sql(self._summed_values_sql(a)))
             self._bind(f"__vsummed{a}", summed_values[a])
-        self._bind(ACC_VIEW, self._sql(self._versions_sql(time, shape, every_group=self.plan.ranked is not None)))
         if self.plan.ranked is None:
+            self._bind(ACC_VIEW, self._sql(self._versions_sql(time, shape, every_group=False)))
             changes = self._frame(shape.post)
         else:
+            self._bind("__summed", every_group)
+            self._bind(ACC_VIEW, self._sql(self._versions_sql(time, shape, every_group=True)))
             top = self.checkpoint(self._frame(self.plan.ranked))
             changes = self._ranked_changes(top)
         output = None
         if whole:
+            self._bind("__summed", every_group)
             self._bind(ACC_VIEW, self._sql(self._versions_sql(time, shape, every_group=True)))
             output = self._frame(shape.post)
 
         # The next state, planned now: the views it reads are this step's only until
         # another query (a stage's, a later step's) binds its own.
-        keys = _prefix(", ".join(self._keys))
-        accumulators = ", ".join(f"new_{n} AS {n}" for n in (*self._accumulators, *self._extremes))
-        kept = " WHERE new___n != 0" if self._keys else ""
-        next_acc = self._sql(f"SELECT {keys}{accumulators} FROM __summed{kept}")
+        self._bind("__summed", summed)
+        if not overlaid:
+            kept = " WHERE new___n != 0" if self._keys else ""
+            next_base = self._sql(f"SELECT {keys}{accumulators} FROM __summed{kept}")
         next_values = {a: self._sql(f"SELECT {keys}__v, new_c AS __c FROM __vsummed{a} WHERE new_c != 0") for a in self._value_arguments}
 
         def commit() -> None:
-            self._acc = next_acc
+            if overlaid:
+                self._overlay = next_overlay
+                self._overlay_groups += touched_groups
+                self._keep_pending()
+            else:
+                self._base, self._overlay, self._overlay_groups = next_base, None, 0
+                self._keep_pending(base=base_parts)
+                self._full_steps_uncounted += 1
             self._values.update(next_values)
             if self.plan.ranked is not None:
                 self._top = top
             self.hydrated = True
-            self._keep_pending()
 
         return Step(changes, commit, output)
+
+    def _overlay_applies(self) -> bool:
+        """Whether this step may be overlaid: a state grouped by keys whose base has at
+        least OVERLAY_MIN_GROUPS groups. The base's rows are counted (a job reading it)
+        at its first step, when a full step replaced a base of that many, and otherwise
+        every RECOUNT_STEPS full steps (a state grows by at most a change's groups a
+        step, and its size only decides what a step costs, never what it computes)."""
+        if not (self._keys and self._base is not None):
+            return False
+        replaced = self._full_steps_uncounted > 0
+        if self._base_groups is None or (replaced and self._base_groups >= OVERLAY_MIN_GROUPS) or self._full_steps_uncounted >= RECOUNT_STEPS:
+            self._base_groups = _rdd(self._base_kept[0]).count()  # the summed table: a bound
+            self._full_steps_uncounted = 0
+        return self._base_groups >= OVERLAY_MIN_GROUPS
+
+    def _current_sql(self, overlay: str | None) -> str:
+        """Every group's current row: the base's, or the overlay's (the view `overlay`)
+        where it holds the group, none where that row has no multiplicity left. The
+        overlay's keys are broadcast: it holds at most OVERLAY_MAX_GROUPS groups."""
+        if overlay is None:
+            return "SELECT * FROM __base"
+        return (
+            f"SELECT * FROM {overlay} WHERE __n != 0 UNION ALL SELECT /*+ BROADCAST(o) */ b.* FROM __base b "
+            f"LEFT ANTI JOIN (SELECT {', '.join(self._keys)} FROM {overlay}) o ON {_matching('b', 'o', self._keys)}"
+        )
+
+    def _touched_sql(self) -> str:
+        """The current rows of the groups the change touches (`__keys`, broadcast: an
+        overlaid step touches at most OVERLAY_MAX_GROUPS groups)."""
+        current = self._current_sql("__overlay" if self._overlay is not None else None)
+        return f"SELECT /*+ BROADCAST(c) */ s.* FROM ({current}) s LEFT SEMI JOIN __keys c ON {_matching('s', 'c', self._keys)}"
+
+    def _untouched_sql(self) -> str:
+        """The groups the change did not touch, in `__summed`'s columns (old and new
+        the same), read from the step's next overlay (bound as `__overlay`) and the
+        base."""
+        columns = [*self._keys, "0 AS __touched"]
+        columns += [f"{n} AS new_{n}, {n} AS old_{n}" for n in self._accumulators]
+        for name, (_, a) in self._extremes.items():
+            typed_null = f"CAST(NULL AS {self.plan.aggregate.arguments[a]})"
+            columns.append(f"{name} AS old_{name}, {typed_null} AS ins_{name}, {typed_null} AS ret_{name}, {name} AS new_{name}")
+        if self._extremes:
+            columns.append("false AS __dirty")
+        return (
+            f"SELECT /*+ BROADCAST(c) */ {', '.join(columns)} FROM ({self._current_sql('__overlay')}) s "
+            f"LEFT ANTI JOIN __keys c ON {_matching('s', 'c', self._keys)}"
+        )
 
     def _ranked_changes(self, top: DataFrame) -> DataFrame:
         """The new top rows (+1) and, once hydrated, the old ones (-1)."""
@@ -269,10 +374,10 @@ class IncrementalDataflow:
             beyond = "<=" if function == "min" else ">="
             dirty.append(f"(ret_{name} IS NOT NULL AND (old_{name} IS NULL OR ret_{name} {beyond} old_{name}))")
         both = f"SELECT {key_list}{contributions}{_prefix_comma(extremes_of_change)}, 1 AS __src FROM {staged}"
-        if self._acc is not None:
+        if self._base is not None:
             both = f"SELECT {key_list}{stored}{_prefix_comma(extremes_of_state)}, 0 AS __src FROM __state UNION ALL {both}"
         sums = ", ".join(
-            f"sum({n}) AS new_{n}" + (f", sum(IF(__src = 0, {n}, NULL)) AS old_{n}" if self._acc is not None else "")
+            f"sum({n}) AS new_{n}" + (f", sum(IF(__src = 0, {n}, NULL)) AS old_{n}" if self._base is not None else "")
             for n in self._accumulators
         )
         grouping = f" GROUP BY {', '.join(keys)}" if keys else ""
@@ -399,17 +504,23 @@ class IncrementalDataflow:
         for frame in self._pending:
             _rdd(frame).doCheckpoint()
 
-    def _keep_pending(self) -> None:
+    def _keep_pending(self, base: list[DataFrame] | None = None) -> None:
         """The end of a commit: the step's checkpoints become the state's, and the
         state's before them are released (nothing reads them once the step's output was
-        used)."""
-        retired, self._kept, self._pending = self._kept, self._pending, []
+        used). With `base` (a full step's), those that the new base reads are kept until
+        the next full step, and the base's before are released too."""
+        retired = self._kept
+        if base is not None:
+            retired = retired + self._base_kept
+            self._base_kept = [frame for frame in self._pending if any(frame is part for part in base)]
+        self._kept = [frame for frame in self._pending if not any(frame is part for part in self._base_kept)]
+        self._pending = []
         release(retired)
 
     def close(self) -> None:
         """Release every checkpoint this dataflow holds (it is dropped or rebuilt)."""
-        release(self._kept + self._pending)
-        self._kept, self._pending = [], []
+        release(self._base_kept + self._kept + self._pending)
+        self._base_kept, self._kept, self._pending = [], [], []
 
     # --- Plumbing ------------------------------------------------------------------------
 
@@ -435,6 +546,13 @@ def release(frames: list[DataFrame]) -> None:
 def _rdd(checkpointed: DataFrame):
     """The RDD a checkpointed frame reads (its plan is one `LogicalRDD`)."""
     return checkpointed._jdf.logicalPlan().rdd()
+
+
+def _count(frame: DataFrame) -> int:
+    """The rows of `frame`, counted by the RDD: a count planned as a query (an
+    aggregate over a limit) compiled new code for every dataflow
+    (`test_steps_of_a_query_seen_before_compile_no_code`)."""
+    return frame._jdf.queryExecution().toRdd().count()
 
 
 def _prefix(columns: str) -> str:
