@@ -193,9 +193,9 @@ class IncrementalDataflow:
         return changes
 
     def _aggregate_step(self, time: int, shape: AggregateShape, pre: DataFrame, bindings: Mapping[int, Binding], whole: bool) -> Step:
-        """One query: the accumulators of every group the change touches, before and
-        after it (the state's rows and the change's, summed per group), of which the old
-        (-1) and new (+1) values go through the post-aggregate template. The summed table
+        """One query: the groups' accumulators before and after the change (the state's
+        rows and the change's, summed per group), of which the touched groups' old (-1)
+        and new (+1) values go through the post-aggregate template. The summed table
         is checkpointed as it is computed. With extremes, a first job computes it and
         counts the dirty groups, whose extremes are then recomputed from the input
         (`_repair_sql`).
