@@ -218,7 +218,7 @@ class IncrementalDataflow:
                 self._bind("__keys", touched)
                 self._bind("__state", self._sql(self._touched_sql()))
             else:
-                self._bind("__state", self._sql(self._current_sql("__overlay" if self._overlay is not None else None)))
+                self._bind("__state", self._sql(self._current_sql(overlay=self._overlay is not None)))
         summed = self.checkpoint(self._sql(self._summed_sql()))
         base_parts = [summed]
         if self._extremes:
@@ -304,25 +304,26 @@ class IncrementalDataflow:
             return False
         replaced = self._full_steps_uncounted > 0
         if self._base_groups is None or (replaced and self._base_groups >= OVERLAY_MIN_GROUPS) or self._full_steps_uncounted >= RECOUNT_STEPS:
-            self._base_groups = _rdd(self._base_kept[0]).count()  # the summed table: a bound
+            self._base_groups = _rdd(self._base_kept[0]).count()  # the summed table's groups: a bound
             self._full_steps_uncounted = 0
         return self._base_groups >= OVERLAY_MIN_GROUPS
 
-    def _current_sql(self, overlay: str | None) -> str:
-        """Every group's current row: the base's, or the overlay's (the view `overlay`)
-        where it holds the group, none where that row has no multiplicity left. The
-        overlay's keys are broadcast: it holds at most OVERLAY_MAX_GROUPS groups."""
-        if overlay is None:
+    def _current_sql(self, *, overlay: bool) -> str:
+        """Every group's current row: the base's, or, with `overlay`, the overlay's (the
+        view `__overlay`) where it holds the group, none where that row has no
+        multiplicity left. The overlay's keys are broadcast: it holds at most
+        OVERLAY_MAX_GROUPS groups."""
+        if not overlay:
             return "SELECT * FROM __base"
         return (
-            f"SELECT * FROM {overlay} WHERE __n != 0 UNION ALL SELECT /*+ BROADCAST(o) */ b.* FROM __base b "
-            f"LEFT ANTI JOIN (SELECT {', '.join(self._keys)} FROM {overlay}) o ON {_matching('b', 'o', self._keys)}"
+            "SELECT * FROM __overlay WHERE __n != 0 UNION ALL SELECT /*+ BROADCAST(o) */ b.* FROM __base b "
+            f"LEFT ANTI JOIN (SELECT {', '.join(self._keys)} FROM __overlay) o ON {_matching('b', 'o', self._keys)}"
         )
 
     def _touched_sql(self) -> str:
         """The current rows of the groups the change touches (`__keys`, broadcast: an
         overlaid step touches at most OVERLAY_MAX_GROUPS groups)."""
-        current = self._current_sql("__overlay" if self._overlay is not None else None)
+        current = self._current_sql(overlay=self._overlay is not None)
         return f"SELECT /*+ BROADCAST(c) */ s.* FROM ({current}) s LEFT SEMI JOIN __keys c ON {_matching('s', 'c', self._keys)}"
 
     def _untouched_sql(self) -> str:
@@ -337,7 +338,7 @@ class IncrementalDataflow:
         if self._extremes:
             columns.append("false AS __dirty")
         return (
-            f"SELECT /*+ BROADCAST(c) */ {', '.join(columns)} FROM ({self._current_sql('__overlay')}) s "
+            f"SELECT /*+ BROADCAST(c) */ {', '.join(columns)} FROM ({self._current_sql(overlay=True)}) s "
             f"LEFT ANTI JOIN __keys c ON {_matching('s', 'c', self._keys)}"
         )
 
@@ -507,12 +508,13 @@ class IncrementalDataflow:
     def _keep_pending(self, base: list[DataFrame] | None = None) -> None:
         """The end of a commit: the step's checkpoints become the state's, and the
         state's before them are released (nothing reads them once the step's output was
-        used). With `base` (a full step's), those that the new base reads are kept until
-        the next full step, and the base's before are released too."""
+        used). With `base` (a full step's: its summed table first, then any repaired
+        extremes), those are kept until the next full step, and the base's before are
+        released too."""
         retired = self._kept
         if base is not None:
             retired = retired + self._base_kept
-            self._base_kept = [frame for frame in self._pending if any(frame is part for part in base)]
+            self._base_kept = list(base)
         self._kept = [frame for frame in self._pending if not any(frame is part for part in self._base_kept)]
         self._pending = []
         release(retired)
