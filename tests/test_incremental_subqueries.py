@@ -10,7 +10,7 @@ import incremental_cases
 import pytest
 from incremental_cases import check_shape, run_shape, spark_env
 
-from replica_service.dataplane import _incremental
+from replica_service.dataplane import _incremental, delta_plan
 
 pytestmark = pytest.mark.spark
 
@@ -32,8 +32,16 @@ SHAPES = {
     "in_pairs": "SELECT id, k, n FROM t WHERE (id, n) IN (SELECT id, y FROM u)",
     "exists_pairs": "SELECT id, k FROM t WHERE EXISTS (SELECT * FROM u WHERE u.id = t.id AND u.y = t.n AND t.n >= 0)",
     "nested": "SELECT id, k FROM t WHERE id IN (SELECT u.id FROM u WHERE u.y > (SELECT sum(b.n) FROM t b WHERE b.id = u.id))",
-    # Anti-joins: L less its rows with a match; and a match on another value (`<>`).
+    # Anti-joins: L joined with a key stage (its input's keys and R's matches); a match
+    # on another value (`<>`); an EXISTS and a NOT EXISTS of the same keys, one stage
+    # (TPC-H q21's shape); and, where L's keys come from a stage, L less its rows with a
+    # match.
     "not_exists": "SELECT id, k, n FROM t WHERE NOT EXISTS (SELECT * FROM u WHERE u.id = t.id AND u.y > 0)",
+    "exists_not_exists": (
+        "SELECT k, count(*) AS c FROM t a WHERE EXISTS (SELECT * FROM t b WHERE b.id = a.id AND b.k <> a.k) "
+        "AND NOT EXISTS (SELECT * FROM t c WHERE c.id = a.id AND c.n <> a.n AND c.x > 0) GROUP BY k"
+    ),
+    "not_exists_grouped": "SELECT k, c FROM (SELECT k, count(*) AS c FROM t GROUP BY k) g WHERE NOT EXISTS (SELECT * FROM u WHERE u.z = g.k)",
     "exists_other": "SELECT id, k FROM t a WHERE EXISTS (SELECT * FROM t b WHERE b.id = a.id AND b.k <> a.k)",
     "not_exists_other": (
         "SELECT k, count(*) AS c, sum(q) AS s FROM t a "
@@ -48,6 +56,29 @@ SHAPES = {
 @pytest.mark.parametrize("name", sorted(SHAPES))
 def test_incremental_equals_recompute_and_a_late_hydration_at_every_time(env, name):
     check_shape(env, name, SHAPES[name])
+
+
+@pytest.mark.parametrize(
+    ("name", "leaves", "stage_leaves"),
+    [
+        ("not_exists", ["t", "__stage1"], ["t", "u"]),
+        ("not_exists_other", ["t", "__stage1"], ["t", "t"]),
+        ("exists_not_exists", ["t", "__stage1"], ["t", "t", "t"]),
+        ("not_exists_grouped", ["__stage0", "__stage1", "__stage2"], ["u"]),
+    ],
+)
+def test_not_exists_reads_its_left_side_once_where_one_of_its_inputs_has_the_keys(env, name, leaves, stage_leaves):
+    """A NOT EXISTS whose keys come from an input of its left side L joins L with one key
+    stage (that input's keys, the subquery's matches), shared with an EXISTS of the same
+    keys; where they come from a stage (a GROUP BY), it is L less its rows with a match,
+    L read twice (a stage recognized as one)."""
+    session = env["session"]
+    for view, schema in (("t", incremental_cases.T_SCHEMA), ("u", incremental_cases.U_SCHEMA)):
+        session.createDataFrame([], schema).createOrReplaceTempView(view)
+    analyzed = session.sql(SHAPES[name])._jdf.queryExecution().analyzed()
+    plan = delta_plan(session._jsparkSession, analyzed, {"t": "t", "u": "u"})
+    assert [leaf.name for leaf in plan.leaves] == leaves
+    assert [leaf.name for leaf in plan.leaves[-1].stage.leaves] == stage_leaves
 
 
 def _row(id, k, n):

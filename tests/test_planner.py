@@ -497,7 +497,7 @@ def test_bad_input_tables(planner, tables, expected):
         "SELECT r.name, t.total FROM (SELECT region, sum(amount) AS total FROM sales GROUP BY region) t JOIN regions r ON t.region = r.region",
         "SELECT name FROM regions r WHERE NOT EXISTS (SELECT * FROM sales s WHERE s.region = r.region)",
         "SELECT id FROM sales s WHERE EXISTS (SELECT * FROM sales t WHERE t.region = s.region AND t.id <> s.id)",
-        # The IN's stage lies in the NOT EXISTS's left side, read twice: one stage, checked once.
+        # The IN and the NOT EXISTS test the same keys of sales: one key stage.
         "SELECT id FROM sales s WHERE region IN (SELECT region FROM regions) "
         "AND NOT EXISTS (SELECT * FROM regions r WHERE r.region = s.region AND r.name = 'x')",
     ],

@@ -20,8 +20,10 @@ a `DISTINCT` stage of the subquery's join keys, when every condition linking the
 is an equality; a correlated scalar subquery compared in a `WHERE` as an inner join
 with its aggregate, and a scalar subquery over a global aggregate as a cross join with
 it, both stages (see `_as_inner_joins`). One `<>` beside the equalities joins a stage of
-the column's least and greatest value per key instead (`_semi_join`); `NOT EXISTS` is
-the rows of its left side less those with a match (a branch of negated multiplicity).
+the column's least and greatest value per key instead (`_semi_join`). `NOT EXISTS`, and
+an `EXISTS` of the same keys beside it, join one *key stage* of the keys of the input
+they come from (`_key_stage`), or, where no one input has them, `NOT EXISTS` is the
+rows of its left side less those with a match (a branch of negated multiplicity).
 Anything else (outer joins, `NOT IN`, other scalar subqueries, windows, limits over
 non-aggregates, ...) raises `NotIncremental` naming the part that cannot be
 maintained.
@@ -412,8 +414,8 @@ def _as_inner_joins(jvm: Jvm, plan: Any) -> Any:
     many rows of R match it, and the distinct keys match it at most once. (An `IN` in
     a `WHERE` drops a row whose test is NULL, as a join does.) Without a correlation,
     the distinct rows are one constant row while R has rows: a cross join. An
-    anti-join (`NOT EXISTS`) becomes L plus the semi-join's rows counted negatively.
-    What stays an outer join, a null-aware anti-join (`NOT IN`) or a subquery is
+    anti-join (`NOT EXISTS`) joins a key stage, or becomes L plus the semi-join's rows
+    counted negatively (`_existence_joins`). What stays an outer join, a null-aware anti-join (`NOT IN`) or a subquery is
     refused by the shape checks."""
     if not _has_subquery_or_outer_join(plan):
         return plan
@@ -475,7 +477,7 @@ class _Tree:
 
     def output_ids(self) -> set[int]:
         if self._output_ids is None:
-            self._output_ids = {a.exprId().id() for a in items(self.node.output())}
+            self._output_ids = _attribute_ids(self.node)
         return self._output_ids
 
     def cluster(self) -> tuple[list[_Tree], list[Any], list[set[int]]]:
@@ -547,6 +549,10 @@ def _join_cluster(tree: _Tree) -> tuple[list[_Tree], list[Any], list[set[int]]]:
     return [tree], [], []
 
 
+def _attribute_ids(node: Any) -> set[int]:
+    return {a.exprId().id() for a in items(node.output())}
+
+
 def _reference_ids(expression: Any) -> set[int]:
     return {a.exprId().id() for a in items(expression.references().toSeq())}
 
@@ -559,24 +565,189 @@ def _no_hint(join: Any) -> bool:
 def _inner_joins(jvm: Jvm, node: Any) -> Any:
     """`node` with every semi-join and one-row scalar subquery below it as an inner join
     (see `_as_inner_joins`)."""
+    if kind(node) == "Join" and kind(node.joinType()) in _EXISTENCE_JOINS:
+        return _existence_joins(jvm, node)
     below = children(node)
     if below:
         node = node.withNewChildren(jvm.seq(_inner_joins(jvm, child) for child in below))
     if kind(node) in ("Filter", "Project"):
         return _scalars_joined(jvm, node)
-    if kind(node) != "Join":
-        return node
-    join_type = kind(node.joinType())
-    if join_type == "ExistenceJoin":
+    if kind(node) == "Join" and kind(node.joinType()) == "ExistenceJoin":
         raise NotIncremental("IN or EXISTS (subquery) under OR or NOT, or outside a WHERE")
-    if join_type == "LeftSemi$":
-        return _semi_join(jvm, node)
-    if join_type == "LeftAnti$":
-        # The rows of L without a match are L less those with one: L, and the semi-join's
-        # rows counted negatively (`_rewrite` negates the diff under NEGATED).
-        matched = getattr(getattr(jvm.logical, "SubqueryAlias$"), "MODULE$").apply(NEGATED, _semi_join(jvm, node, anti=True))
-        return jvm.logical.Union(jvm.seq([node.left(), matched]), False, False)
     return node
+
+
+_EXISTENCE_JOINS = ("LeftSemi$", "LeftAnti$")
+
+
+@dataclass(slots=True)
+class _Existence:
+    """One semi-join (`anti` False) or anti-join of a stack over one left side L: its
+    right side R (rewritten), its conditions, and the input of L its keys come from
+    unchanged (None: not one input, or an anti-join with a condition on L alone)."""
+
+    node: Any
+    anti: bool
+    right: Any
+    links: _Links
+    source: Any | None
+
+    def merges_with(self, other: _Existence) -> bool:
+        """Whether the two test the same keys of the same input (one key stage)."""
+        mine, theirs = [l for l, _ in self.links.keys], [l for l, _ in other.links.keys]
+        return (
+            self.source is not None
+            and other.source is not None
+            and _attribute_ids(self.source) == _attribute_ids(other.source)
+            and len(mine) == len(theirs)
+            and all(a.semanticEquals(b) for a, b in zip(mine, theirs, strict=True))
+        )
+
+
+def _existence_joins(jvm: Jvm, top: Any) -> Any:
+    """The semi-join or anti-join `top`, and those stacked below it on the same left
+    side L (through projections of columns), as inner joins.
+
+    Those whose keys come unchanged from one input V of L, the same keys of the same
+    V, join L with one *key stage* (`_key_stage`) when there are two or more of them or
+    one is an anti-join: TPC-H q21's `EXISTS` and `NOT EXISTS` are one stage of
+    `lineitem` grouped by order. The others become what `_semi_join` makes of a
+    semi-join, and, of an anti-join, L less the semi-join's rows (a Z-set difference:
+    `_rewrite` negates the diff under NEGATED). Semi-joins and anti-joins only drop rows
+    of L, so their order does not matter."""
+    stacked = []
+    node = top
+    while True:
+        if kind(node) == "Join" and kind(node.joinType()) in _EXISTENCE_JOINS:
+            stacked.append(node)
+            node = node.left()
+        elif kind(node) == "Project" and all(kind(a) == "AttributeReference" for a in items(node.projectList())):
+            node = node.child()
+        else:
+            break
+    rows = _inner_joins(jvm, node)
+    existences = []
+    for join in reversed(stacked):
+        anti = kind(join.joinType()) == "LeftAnti$"
+        links = _links(join, anti=anti)
+        traceable = bool(links.keys) and not (anti and links.on_left)
+        source = _input_of(rows, {i for l, _ in links.keys for i in _reference_ids(l)}) if traceable else None
+        existences.append(_Existence(join, anti, _inner_joins(jvm, join.right()), links, source))
+    groups: list[list[_Existence]] = []
+    for existence in existences:
+        group = next((g for g in groups if g[0].merges_with(existence)), None)
+        if group is None:
+            groups.append([existence])
+        else:
+            group.append(existence)
+    columns = items(rows.output())
+    for group in groups:
+        if (len(group) > 1 or group[0].anti) and group[0].source is not None:
+            rows = jvm.project(columns, _key_stage(jvm, rows, group))
+            continue
+        for existence in group:
+            join = existence.node.withNewChildren(jvm.seq([rows, existence.right]))
+            if not existence.anti:
+                rows = _semi_join(jvm, join)
+            else:
+                matched = getattr(getattr(jvm.logical, "SubqueryAlias$"), "MODULE$").apply(NEGATED, _semi_join(jvm, join, anti=True))
+                rows = jvm.logical.Union(jvm.seq([rows, matched]), False, False)
+    return jvm.project(items(top.output()), rows)
+
+
+def _key_stage(jvm: Jvm, left: Any, group: list[_Existence]) -> Any:
+    """`left` (L) inner-joined with one stage that answers every semi-join and anti-join
+    of `group`: the same keys, from the same input V of L.
+
+    Per key, the stage has, for each of them, how many rows of its R match it
+    (equalities only: `__matches<j>`), or, with one `l <> r` more, their least and
+    greatest `r` (`__least<j>`, `__greatest<j>`): rows of R that pass R's own conditions
+    and have no NULL key (`=` never matches one). With an anti-join among them, every
+    key of V is a group too (V read unfiltered: a superset of L's keys), so that every
+    row of L meets exactly one group, through a null-safe equality (a NULL key is a
+    group of V's, and matches no row of R). A row of L is kept once when each test
+    holds: a semi-join's, a count above 0 (or an extreme other than `l`, which a NULL
+    extreme is not); an anti-join's, a count of 0, or `l`, the least or the greatest
+    NULL, or both equal to `l` (the extremes ignore NULLs, as `<>` does). Exact,
+    multiplicities included.
+
+    An anti-join was L less the semi-join's rows before (L read twice, each change to
+    its inputs two derivative terms): TPC-H q21 stepped in 4.8-7.1 s; with a key stage
+    for its NOT EXISTS alone, 4.7-5.0 s; with one for both, 2.7-3.6 s."""
+    expressions, aggregate = jvm.expressions, jvm.expressions.aggregate
+    literal = getattr(getattr(expressions, "Literal$"), "MODULE$")
+    keys = [l for l, _ in group[0].links.keys]
+    values = [jvm.expression("true") if e.links.other is None else e.links.other[1] for e in group]
+    nulls = [jvm.alias(literal.create(None, v.dataType()), f"__sr{j}") for j, v in enumerate(values)]
+    branches = []
+    if any(e.anti for e in group):
+        branches.append(jvm.project([*(jvm.alias(l, f"__sk{i}") for i, l in enumerate(keys)), *nulls], group[0].source))
+    for j, existence in enumerate(group):
+        links = existence.links
+        matching = jvm.filter(_conjunction(jvm, [*links.on_right, *(expressions.IsNotNull(r) for _, r in links.keys)]), existence.right)
+        own = [jvm.alias(values[j], f"__sr{j}") if i == j else null for i, null in enumerate(nulls)]
+        branches.append(jvm.project([*(jvm.alias(r, f"__sk{i}") for i, (_, r) in enumerate(links.keys)), *own], matching))
+    rows = branches[0] if len(branches) == 1 else jvm.logical.Union(jvm.seq(branches), False, False)
+    output = items(rows.output())
+    grouping, slots = output[: len(keys)], output[len(keys) :]
+    tests, found = [], []
+    for j, (existence, slot) in enumerate(zip(group, slots, strict=True)):
+        links = existence.links
+        if links.other is None:
+            (matches,) = counts = [jvm.alias(_aggregate(jvm, aggregate.Count(jvm.seq([slot]))), f"__matches{j}")]
+            test = expressions.EqualTo(matches.toAttribute(), jvm.expression("0L"))
+            if not existence.anti:
+                test = expressions.Not(test)
+        else:
+            counts = [jvm.alias(_aggregate(jvm, function(slot)), f"{name}{j}") for function, name in ((aggregate.Min, "__least"), (aggregate.Max, "__greatest"))]
+            l, (least, greatest) = links.other[0], (c.toAttribute() for c in counts)
+            if existence.anti:
+                unmatched = expressions.And(expressions.EqualTo(least, l), expressions.EqualTo(greatest, l))
+                test = expressions.Or(expressions.Or(expressions.IsNull(l), expressions.IsNull(least)), unmatched)
+            else:
+                test = expressions.Or(expressions.Not(expressions.EqualTo(least, l)), expressions.Not(expressions.EqualTo(greatest, l)))
+        found.extend(counts)
+        tests.extend([*links.on_left, test])  # an anti-join here has no condition on L alone
+    groups = jvm.logical.Aggregate(jvm.seq(grouping), jvm.seq([*grouping, *found]), rows, jvm.option.empty())
+    linked = [expressions.EqualNullSafe(l, key) for l, key in zip(keys, grouping, strict=True)]
+    condition = jvm.option.apply(_conjunction(jvm, [*linked, *tests]))
+    return jvm.logical.Join(left, groups, jvm.inner_join, condition, jvm.logical.JoinHint.NONE())
+
+
+@dataclass(slots=True)
+class _Links:
+    """The conditions of a semi-join (or anti-join) of L and R: those on L alone, on R
+    alone, the equalities linking them (as (L's expression, R's)), and one `l <> r`."""
+
+    on_left: list[Any]
+    on_right: list[Any]
+    keys: list[tuple[Any, Any]]
+    other: tuple[Any, Any] | None
+
+
+def _links(node: Any, *, anti: bool) -> _Links:
+    """The semi-join (or anti-join) `node`'s conditions, or NotIncremental naming one
+    that is neither an equality linking the sides, one `<>`, nor a side's own."""
+    left, right = node.left(), node.right()
+    links = _Links([], [], [], None)
+    condition = option(node.condition())
+    for conjunct in _conjuncts(condition) if condition is not None else []:
+        references = conjunct.references()
+        if references.subsetOf(left.outputSet()):
+            links.on_left.append(conjunct)
+        elif references.subsetOf(right.outputSet()):
+            links.on_right.append(conjunct)
+        elif kind(conjunct) == "EqualTo" and _sides(conjunct, left, right) is not None:
+            links.keys.append(_sides(conjunct, left, right))
+        elif links.other is None and kind(conjunct) == "Not" and kind(conjunct.child()) == "EqualTo" and _sides(conjunct.child(), left, right) is not None:
+            links.other = _sides(conjunct.child(), left, right)
+        elif anti and kind(conjunct) == "Or" and kind(conjunct.right()) == "IsNull":  # `l = r OR isnull(l = r)`
+            raise NotIncremental("NOT IN (subquery), a null-aware anti-join (NOT EXISTS is maintained incrementally)")
+        else:
+            raise NotIncremental(
+                f"a subquery or semi-join linked by {conjunct.sql()} (only equalities, and one <>, are maintained incrementally)"
+            )
+    return links
 
 
 def _semi_join(jvm: Jvm, node: Any, *, anti: bool = False) -> Any:
@@ -589,24 +760,8 @@ def _semi_join(jvm: Jvm, node: Any, *, anti: bool = False) -> Any:
     `l` exactly when the least or the greatest differs from it (both ignore NULLs, as
     `<>` does)."""
     left, right = node.left(), node.right()
-    on_left, on_right, keys, other = [], [], [], None
-    condition = option(node.condition())
-    for conjunct in _conjuncts(condition) if condition is not None else []:
-        references = conjunct.references()
-        if references.subsetOf(left.outputSet()):
-            on_left.append(conjunct)
-        elif references.subsetOf(right.outputSet()):
-            on_right.append(conjunct)
-        elif kind(conjunct) == "EqualTo" and _sides(conjunct, left, right) is not None:
-            keys.append(_sides(conjunct, left, right))
-        elif other is None and kind(conjunct) == "Not" and kind(conjunct.child()) == "EqualTo" and _sides(conjunct.child(), left, right) is not None:
-            other = _sides(conjunct.child(), left, right)
-        elif anti and kind(conjunct) == "Or" and kind(conjunct.right()) == "IsNull":  # `l = r OR isnull(l = r)`
-            raise NotIncremental("NOT IN (subquery), a null-aware anti-join (NOT EXISTS is maintained incrementally)")
-        else:
-            raise NotIncremental(
-                f"a subquery or semi-join linked by {conjunct.sql()} (only equalities, and one <>, are maintained incrementally)"
-            )
+    links = _links(node, anti=anti)
+    on_left, on_right, keys, other = links.on_left, links.on_right, links.keys, links.other
     expressions = jvm.expressions
     if on_right:
         right = jvm.filter(_conjunction(jvm, on_right), right)
@@ -626,6 +781,28 @@ def _semi_join(jvm: Jvm, node: Any, *, anti: bool = False) -> Any:
     condition = jvm.option.apply(_conjunction(jvm, [*on_left, *linked]) if on_left or linked else None)
     join = jvm.logical.Join(left, matches, jvm.inner_join, condition, node.hint())
     return jvm.project(items(node.output()), join)
+
+
+def _input_of(node: Any, ids: set[int]) -> Any | None:
+    """The input (a View) of `node` that the attributes `ids` all come from unchanged,
+    through projections that pass them on, filters, aliases and inner joins; or None."""
+    while kind(node) != "View":
+        name = kind(node)
+        if name == "Project":
+            passed = {a.exprId().id() for a in items(node.projectList()) if kind(a) == "AttributeReference"}
+            if not ids <= passed:
+                return None
+            node = node.child()
+        elif name in ("Filter", "SubqueryAlias"):
+            node = node.child()
+        elif name == "Join" and kind(node.joinType()) in _JOIN_TYPES:
+            side = next((s for s in (node.left(), node.right()) if ids <= _attribute_ids(s)), None)
+            if side is None:
+                return None
+            node = side
+        else:
+            return None
+    return node
 
 
 def _aggregate(jvm: Jvm, function: Any) -> Any:
