@@ -55,7 +55,7 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 from py4j.protocol import Py4JError
 from pyspark.errors.exceptions.captured import CapturedException
 
-from replica_service.dataplane._jvm import Jvm, children, items, kind, option
+from replica_service.dataplane._jvm import Jvm, children, items, kind, option, static_member
 
 DIFF = "_diff"  # the multiplicity column of storage updates and of every delta
 ACC_VIEW = "__acc"  # the accumulators a step evaluates the post-aggregate template over
@@ -415,8 +415,8 @@ def _as_inner_joins(jvm: Jvm, plan: Any) -> Any:
     a `WHERE` drops a row whose test is NULL, as a join does.) Without a correlation,
     the distinct rows are one constant row while R has rows: a cross join. An
     anti-join (`NOT EXISTS`) joins a key stage, or becomes L plus the semi-join's rows
-    counted negatively (`_existence_joins`). What stays an outer join, a null-aware anti-join (`NOT IN`) or a subquery is
-    refused by the shape checks."""
+    counted negatively (`_existence_joins`). What stays an outer join, a null-aware
+    anti-join (`NOT IN`) or a subquery is refused by the shape checks."""
     if not _has_subquery_or_outer_join(plan):
         return plan
     rules = jvm.optimizer
@@ -584,7 +584,8 @@ _EXISTENCE_JOINS = ("LeftSemi$", "LeftAnti$")
 class _Existence:
     """One semi-join (`anti` False) or anti-join of a stack over one left side L: its
     right side R (rewritten), its conditions, and the input of L its keys come from
-    unchanged (None: not one input, or an anti-join with a condition on L alone)."""
+    unchanged (None: no keys, not one input, or an anti-join with a condition on L
+    alone, which a key stage does not express)."""
 
     node: Any
     anti: bool
@@ -621,7 +622,7 @@ def _existence_joins(jvm: Jvm, top: Any) -> Any:
         if kind(node) == "Join" and kind(node.joinType()) in _EXISTENCE_JOINS:
             stacked.append(node)
             node = node.left()
-        elif kind(node) == "Project" and all(kind(a) == "AttributeReference" for a in items(node.projectList())):
+        elif _passes_columns(node):
             node = node.child()
         else:
             break
@@ -665,24 +666,34 @@ def _key_stage(jvm: Jvm, left: Any, group: list[_Existence]) -> Any:
     and have no NULL key (`=` never matches one). With an anti-join among them, every
     key of V is a group too (V read unfiltered: a superset of L's keys), so that every
     row of L meets exactly one group, through a null-safe equality (a NULL key is a
-    group of V's, and matches no row of R). A row of L is kept once when each test
+    group of V's, and matches no row of R). An R that is V's own input filtered, keyed
+    by the same columns (q21's), is read off V's rows (`_folded`); any other R is a
+    branch of a `UNION ALL` with V's. A row of L is kept once when each test
     holds: a semi-join's, a count above 0 (or an extreme other than `l`, which a NULL
     extreme is not); an anti-join's, a count of 0, or `l`, the least or the greatest
     NULL, or both equal to `l` (the extremes ignore NULLs, as `<>` does). Exact,
     multiplicities included.
 
     An anti-join was L less the semi-join's rows before (L read twice, each change to
-    its inputs two derivative terms): TPC-H q21 stepped in 4.8-7.1 s; with a key stage
-    for its NOT EXISTS alone, 4.7-5.0 s; with one for both, 2.7-3.6 s."""
+    its inputs two derivative terms): a step of TPC-H q21 took 5.5-5.9 s that way and
+    2.9-3.2 s with one key stage for its EXISTS and NOT EXISTS (`bench/RESULTS.md`)."""
     expressions, aggregate = jvm.expressions, jvm.expressions.aggregate
     literal = getattr(getattr(expressions, "Literal$"), "MODULE$")
+    source = group[0].source
     keys = [l for l, _ in group[0].links.keys]
     values = [jvm.expression("true") if e.links.other is None else e.links.other[1] for e in group]
     nulls = [jvm.alias(literal.create(None, v.dataType()), f"__sr{j}") for j, v in enumerate(values)]
+    # A subquery over V's own input, keyed by the same columns, is read off V's branch:
+    # its value where its conditions hold, NULL elsewhere (one scan, no union).
+    folded = {j: _folded(jvm, e, values[j], source, keys) for j, e in enumerate(group)}
+    folded = {j: value for j, value in folded.items() if value is not None}
     branches = []
-    if any(e.anti for e in group):
-        branches.append(jvm.project([*(jvm.alias(l, f"__sk{i}") for i, l in enumerate(keys)), *nulls], group[0].source))
+    if folded or any(e.anti for e in group):
+        own = [jvm.alias(folded[j], f"__sr{j}") if j in folded else null for j, null in enumerate(nulls)]
+        branches.append(jvm.project([*(jvm.alias(l, f"__sk{i}") for i, l in enumerate(keys)), *own], source))
     for j, existence in enumerate(group):
+        if j in folded:
+            continue
         links = existence.links
         matching = jvm.filter(_conjunction(jvm, [*links.on_right, *(expressions.IsNotNull(r) for _, r in links.keys)]), existence.right)
         own = [jvm.alias(values[j], f"__sr{j}") if i == j else null for i, null in enumerate(nulls)]
@@ -712,6 +723,44 @@ def _key_stage(jvm: Jvm, left: Any, group: list[_Existence]) -> Any:
     linked = [expressions.EqualNullSafe(l, key) for l, key in zip(keys, grouping, strict=True)]
     condition = jvm.option.apply(_conjunction(jvm, [*linked, *tests]))
     return jvm.logical.Join(left, groups, jvm.inner_join, condition, jvm.logical.JoinHint.NONE())
+
+
+def _folded(jvm: Jvm, existence: _Existence, value: Any, source: Any, keys: list[Any]) -> Any | None:
+    """`existence`'s value (`value`, over its R) as an expression over the input V
+    (`source`), NULL where R's conditions or a key's `IS NOT NULL` fail; or None unless
+    R is V's input filtered (filters, aliases and projections of columns over a view of
+    the same table) and its keys are the same columns as L's (`keys`, V's columns).
+    Catalyst rewrites R's columns into V's (`rewriteAttrs`)."""
+    conditions = list(existence.links.on_right)
+    node = existence.right
+    while kind(node) != "View":
+        if kind(node) == "Filter":
+            conditions.append(node.condition())
+        elif not (kind(node) == "SubqueryAlias" or _passes_columns(node)):
+            return None
+        node = node.child()
+    if not node.desc().identifier().equals(source.desc().identifier()):
+        return None
+    theirs, ours = items(node.output()), items(source.output())
+    their_positions, our_positions = ({a.exprId().id(): i for i, a in enumerate(side)} for side in (theirs, ours))
+    for l, (_, r) in zip(keys, existence.links.keys, strict=True):
+        if kind(l) != "AttributeReference" or kind(r) != "AttributeReference":
+            return None
+        if their_positions.get(r.exprId().id()) != our_positions.get(l.exprId().id()):
+            return None
+    expressions = jvm.expressions
+    pairs = jvm.seq(static_member("scala.Tuple2")(mine, other) for mine, other in zip(theirs, ours, strict=True))
+    columns = getattr(getattr(expressions, "AttributeMap$"), "MODULE$").apply(pairs)
+    probe = jvm.project([jvm.alias(value, "__value"), *(jvm.alias(c, "__test") for c in conditions)], node)
+    value, *conditions = (a.child() for a in items(probe.rewriteAttrs(columns).projectList()))
+    tests = _conjunction(jvm, [*conditions, *(expressions.IsNotNull(l) for l in keys)])
+    literal = getattr(getattr(expressions, "Literal$"), "MODULE$")
+    return expressions.If(tests, value, literal.create(None, value.dataType()))
+
+
+def _passes_columns(node: Any) -> bool:
+    """Whether `node` is a projection of columns as they are."""
+    return kind(node) == "Project" and all(kind(a) == "AttributeReference" for a in items(node.projectList()))
 
 
 @dataclass(slots=True)
