@@ -46,6 +46,10 @@ class Jvm:
         expr_id = expr_id if expr_id is not None else expressions.NamedExpression.newExprId()
         return expressions.Alias(child, name, expr_id, self._nil, self._none, self._nil)
 
+    def null(self, data_type: Any) -> Any:
+        """A NULL literal of the Catalyst type `data_type`."""
+        return getattr(getattr(self.expressions, "Literal$"), "MODULE$").create(None, data_type)
+
     def column(self, name: str) -> Any:
         """An unresolved reference to the column `name` (resolved by the analyzer)."""
         return self._quoted(name)

@@ -678,11 +678,10 @@ def _key_stage(jvm: Jvm, left: Any, group: list[_Existence]) -> Any:
     its inputs two derivative terms): a step of TPC-H q21 took 5.5-5.9 s that way and
     2.9-3.2 s with one key stage for its EXISTS and NOT EXISTS (`bench/RESULTS.md`)."""
     expressions, aggregate = jvm.expressions, jvm.expressions.aggregate
-    literal = getattr(getattr(expressions, "Literal$"), "MODULE$")
     source = group[0].source
     keys = [l for l, _ in group[0].links.keys]
     values = [jvm.expression("true") if e.links.other is None else e.links.other[1] for e in group]
-    nulls = [jvm.alias(literal.create(None, v.dataType()), f"__sr{j}") for j, v in enumerate(values)]
+    nulls = [jvm.alias(jvm.null(v.dataType()), f"__sr{j}") for j, v in enumerate(values)]
     # A subquery over V's own input, keyed by the same columns, is read off V's branch:
     # its value where its conditions hold, NULL elsewhere (one scan, no union).
     folded = {j: _folded(jvm, e, values[j], source, keys) for j, e in enumerate(group)}
@@ -733,10 +732,10 @@ def _folded(jvm: Jvm, existence: _Existence, value: Any, source: Any, keys: list
     Catalyst rewrites R's columns into V's (`rewriteAttrs`)."""
     conditions = list(existence.links.on_right)
     node = existence.right
-    while kind(node) != "View":
-        if kind(node) == "Filter":
+    while (name := kind(node)) != "View":
+        if name == "Filter":
             conditions.append(node.condition())
-        elif not (kind(node) == "SubqueryAlias" or _passes_columns(node)):
+        elif not (name == "SubqueryAlias" or _passes_columns(node)):
             return None
         node = node.child()
     if not node.desc().identifier().equals(source.desc().identifier()):
@@ -754,8 +753,7 @@ def _folded(jvm: Jvm, existence: _Existence, value: Any, source: Any, keys: list
     probe = jvm.project([jvm.alias(value, "__value"), *(jvm.alias(c, "__test") for c in conditions)], node)
     value, *conditions = (a.child() for a in items(probe.rewriteAttrs(columns).projectList()))
     tests = _conjunction(jvm, [*conditions, *(expressions.IsNotNull(l) for l in keys)])
-    literal = getattr(getattr(expressions, "Literal$"), "MODULE$")
-    return expressions.If(tests, value, literal.create(None, value.dataType()))
+    return expressions.If(tests, value, jvm.null(value.dataType()))
 
 
 def _passes_columns(node: Any) -> bool:
