@@ -88,7 +88,7 @@ def main() -> None:
         )
         stepped = [q for q in names if "lineitem" in tpch.QUERIES[q]]
         seconds: dict[str, list[float]] = {q: [] for q in stepped}
-        cpu = _Cpu(session)  # from here: the changes' steps only
+        cpu = _Cpu(session)  # by thread, from here: the changes (appends and steps)
         print(
             f"\n## TPC-H SF {args.sf}: steps after a {CHANGE_ROWS:,}-row lineitem change (local[2] / 1 GB, one session)\n"
         )
@@ -124,8 +124,8 @@ def main() -> None:
                 f"| {q} | {type(flows[q]).__name__.lower()} | {statistics.median(seconds[q]):.2f} |"
             )
         print(f"\n| JVM threads, over the {args.changes} changes | CPU (s) |\n|---|---|")
-        for kind, seconds in cpu.by_kind():
-            print(f"| {kind} | {seconds:.1f} |")
+        for kind, cpu_seconds in cpu.by_kind():
+            print(f"| {kind} | {cpu_seconds:.1f} |")
         for flow in flows.values():
             flow.close()
 
