@@ -16,9 +16,9 @@ changed. `--recompute` forces every query to full recompute, for the side-by-sid
 
 The JVM's CPU is also broken down by kind of thread, over all the changes: what Spark's
 driver does for the steps (analysis, planning), what the executors' tasks do, garbage
-collection, and the rest. End to end, two replicas share the machine's cores and step the same queries: a change
-costs about the JVM CPU printed here, twice, so on two cores the CPU per change bounds
-the freshness bench's latency from below (`bench/RESULTS.md`).
+collection, and the rest. End to end, two replicas share the machine's cores and step
+the same queries: a change costs about the JVM CPU printed here, twice, so on two cores
+the CPU per change bounds the freshness bench's latency from below (`bench/RESULTS.md`).
 """
 
 from __future__ import annotations
