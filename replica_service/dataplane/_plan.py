@@ -541,7 +541,7 @@ def _join_cluster(tree: _Tree) -> tuple[list[_Tree], list[Any], list[set[int]]]:
         condition = option(node.condition())
         conjuncts = _conjuncts(condition) if condition is not None else []
         return left[0] + right[0], left[1] + right[1] + conjuncts, left[2] + right[2] + [_reference_ids(c) for c in conjuncts]
-    if name == "Filter" or (name == "Project" and all(kind(e) == "AttributeReference" for e in items(node.projectList()))):
+    if name == "Filter" or _passes_columns(node):
         inputs, conditions, references = tree.children[0].cluster()
         if len(inputs) > 1:
             conjuncts = _conjuncts(node.condition()) if name == "Filter" else []
