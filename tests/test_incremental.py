@@ -43,7 +43,7 @@ from rows import assert_same_rows
 import history as h
 from replica_service import _spark
 from replica_service._arrangement import Arrangement, Version
-from replica_service.dataplane import NotIncremental, StorageReader, delta_plan
+from replica_service.dataplane import NotIncremental, StorageReader, _maintain, delta_plan
 
 pytestmark = pytest.mark.spark
 
@@ -224,6 +224,27 @@ def test_an_incremental_step_is_light_once_hydrated_and_a_recomputed_one_never(e
         flow.step(time)
     assert flows["incremental"].maintainer.light
     assert not flows["recompute"].maintainer.light
+
+
+def test_a_small_step_is_planned_whole_with_one_partition_per_shuffle(env, monkeypatch):
+    """A hydration, and a step whose inputs changed by more rows than a small step's,
+    run adaptively over the instance's shuffle partitions; a small step is planned
+    whole, one partition per shuffle. Either way the versions are Spark's answer."""
+    monkeypatch.setattr(_maintain, "SMALL_STEP_MAX_ROWS", 2)
+    sources = Sources(env)
+    reader = StorageReader(sources.storage, sources.t)
+    flow, planned = None, []
+    for start, count in ((0, 3), (3, 2), (5, 3)):
+        rows = [{"id": i, "k": "ab"[i % 2], "x": 0.5 * i, "q": None, "n": i % 3} for i in range(start, start + count)]
+        time = sources.apply((rows, [], [], [], []))
+        reader.refresh(env["session"])
+        flow = flow or Flow(env, "sized", SHAPES["aggregates"], "incremental", {"t": reader})
+        flow.step(time)
+        conf = flow.maintainer.session.conf
+        planned.append((conf.get("spark.sql.adaptive.enabled"), conf.get("spark.sql.shuffle.partitions")))
+        assert_same_rows(flow.table, spark_answer(env, SHAPES["aggregates"], {"t": sources.storage.read_snapshot(sources.t, time)}))
+    assert planned == [("true", CONF["spark.sql.shuffle.partitions"]), ("false", "1"), ("true", CONF["spark.sql.shuffle.partitions"])]
+    flow.maintainer.close()
 
 
 def test_steps_of_a_query_seen_before_compile_no_code(env):

@@ -202,6 +202,12 @@ class StorageReader:
     def has_changes(self, after: int, through: int) -> bool:
         return bool(self.change_times(after, Frontier(through + 1)))
 
+    def change_rows(self, after: int, through: int) -> int:
+        """A bound on the updates in `(after, through]`: all the updates of the batches
+        that hold any (a batch may hold other times too)."""
+        with self._lock:
+            return sum(b.rows for b in self._batches if _overlaps(b, after, through))
+
     def empty_before(self, t: int) -> bool:
         """True when no batch holds an update below `t`: the collection has no rows there
         (a materialized view not written yet, whose since may be its first time)."""
