@@ -257,6 +257,8 @@ class Incremental(Maintainer):
         # What the step in progress reads of the bases (and its stages' steps): held
         # until its commit, or until the next step or `close` after one without.
         self._lease = Lease()
+        # The instance's: a dataflow's query is made before any step sets them
+        # (`_size_plans`, of that query only; a stage, remade by `restore`, never uses them).
         self._shuffle_partitions = session.conf.get("spark.sql.shuffle.partitions")
 
     @property
