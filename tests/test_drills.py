@@ -316,11 +316,14 @@ def _descendants(pid: int) -> list[int]:
 
 
 def test_a_stuck_replica_stops_holding_compaction_back_and_comes_back(drill):
-    """Bounded hold-back: the external replica's JVM is stopped, so its Python side
-    still heartbeats while its frontier stands still. Appends go on; past the instance's
-    max_hold_back_ms (10 s) the replica no longer holds the dataflow's input (the hold
-    on `sales` moves on with the other replica) and is rehydrated; let go, it gets back
-    in sync."""
+    """Bounded hold-back: the external replica's JVM is stopped, so its frontier stands
+    still. Appends go on; past the instance's max_hold_back_ms (10 s) the replica no
+    longer holds the dataflow's input (the hold on `sales` moves on with the other
+    replica) and is rehydrated; let go, it gets back in sync. Its Python side usually
+    heartbeats meanwhile, so the hold-back bound evicts it; when a call into the stopped
+    JVM holds up its messages, replica_timeout_ms (3 s) does first. Either lets go of
+    the hold, which is what this drill is about (`test_instance_sim.py` has the bound's
+    own cases)."""
     catalog = Catalog.open(default_url(drill.root))
     source = catalog.collection_by_name("sales").id
     key = catalog.dataflow_by_name("duo", "totals").export_ids[0]
@@ -329,10 +332,10 @@ def test_a_stuck_replica_stops_holding_compaction_back_and_comes_back(drill):
         return dict(catalog.manifest(source).holds)[f"duo/{key}"].time
 
     def evicted() -> bool:
-        # A failure since the stop: an earlier test may have left the same message (a
-        # replica it slowed down fell that far behind), with the replica active again.
+        # Not in the session it had at the stop: its stopped JVM cannot be active again
+        # (an earlier drill may have left a failure message, with the replica active).
         external = drill.replicas("duo")["external"]
-        return "max_hold_back_ms" in (external.last_failure or "") and (external.state != "active" or external.epoch > epoch)
+        return external.state != "active" or external.epoch > epoch
 
     def moved_on() -> bool:
         drill.client.append("sales", [{"id": 1_001, "region": "south", "amount": 1.0}])  # W moves on
@@ -347,7 +350,7 @@ def test_a_stuck_replica_stops_holding_compaction_back_and_comes_back(drill):
     try:
         deadline = time.monotonic() + 90
         while not evicted():
-            assert time.monotonic() < deadline, f"not evicted: {drill.replicas('duo')['external']}"
+            assert time.monotonic() < deadline, f"not evicted: {drill.replicas('duo')['external']}, {drill.client.status('duo')[0].events}"
             drill.client.append("sales", [{"id": 1_001, "region": "south", "amount": 1.0}])
             time.sleep(0.5)
         wait_until(moved_on, 30, "the input hold to move past the stuck replica")
