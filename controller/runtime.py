@@ -446,6 +446,7 @@ class Controller:
 
     async def create_source(self, name: str, schema: str) -> SourceView:
         info = await _blocking(self.storage.create_source, name, schema)
+        await _blocking(self.upkeep.retain, info.id)
         return _source_view(info)
 
     async def append(self, source: str, rows) -> int:

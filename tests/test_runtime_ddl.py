@@ -18,6 +18,7 @@ import pytest
 from catalog import Catalog, default_url
 from controller._api import ControllerError
 from controller._orchestrator import Orchestrator
+from controller._upkeep import RETENTION_HOLDER
 from controller.runtime import Controller
 from history import Frontier, FrontiersResponse
 from storage import Storage
@@ -112,6 +113,21 @@ def test_an_import_compacted_while_the_dataflow_is_recorded_is_no_half_written_d
             assert view.name == "b" and "b" in driver.instance.names
             assert driver.instance.collections[a].since <= driver.instance.dataflow_named("b").desc.as_of
         assert not any(h.startswith("reserve:") for c in driver.instance.collections.values() for h in c.holds)
+        await _stop(controller)
+
+    asyncio.run(run())
+
+
+def test_a_new_source_is_held_by_the_retention_window_from_its_creation(tmp_path):
+    """A new source carries the retention hold at once, not from upkeep's next pass:
+    until then a dataflow's hold alone set its since, which moved past the times a
+    chaos run had read answers at, before the window held them."""
+
+    async def run() -> None:
+        controller = _controller(tmp_path)
+        await controller.create_source("s", SCHEMA)
+        source = controller.catalog.collection_by_name("s").id
+        assert dict(controller.catalog.manifest(source).holds)[RETENTION_HOLDER] == Frontier.minimum()
         await _stop(controller)
 
     asyncio.run(run())
