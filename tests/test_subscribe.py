@@ -19,6 +19,7 @@ from test_runtime_ddl import _controller, _stop
 from catalog import FailedPrecondition
 from controller import _subscribe
 from controller._api import ControllerError, SubscribeBatch
+from controller._upkeep import RETENTION_HOLDER
 from controller.cli import main
 from controller.client import Client, TandemError
 from history import Frontier, SubscribeChanges
@@ -141,7 +142,10 @@ def test_bad_subscriptions_are_refused_and_open_nothing(tmp_path):
         first = await controller.append("s", [{"id": 1, "v": "a"}])
         second = await controller.append("s", [{"id": 2, "v": "b"}])
         id = controller.catalog.collection_by_name("s").id
-        controller.storage.acquire_read_hold(id, "later", Frontier(second))  # the only hold: since moves to it
+        # The retention window moved past `first` (a source holds it from its creation):
+        # with only these holds, its since moves to `second`.
+        controller.storage.acquire_read_hold(id, "later", Frontier(second))
+        controller.storage.downgrade_read_hold(id, RETENTION_HOLDER, Frontier(second))
         await controller.create_dataflow("main", "idx", "select * from s", index_key=["id"])
         refusals = {}
         for call in (
