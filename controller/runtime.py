@@ -609,6 +609,8 @@ class Controller:
                 await driver.call(lambda inst: inst.create_dataflow(desc, compaction_window_ms))
             finally:
                 driver.post(lambda inst: inst.release_reservation(token))
+            if info.sink_id is not None:  # a materialized view is held as a new source is
+                await _blocking(self.upkeep.retain, info.sink_id)
         return _dataflow_view(info, driver)
 
     async def _resolve(self, driver: InstanceDriver, table: str) -> tuple[Import, str, Frontier, Frontier]:

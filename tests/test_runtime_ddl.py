@@ -118,16 +118,20 @@ def test_an_import_compacted_while_the_dataflow_is_recorded_is_no_half_written_d
     asyncio.run(run())
 
 
-def test_a_new_source_is_held_by_the_retention_window_from_its_creation(tmp_path):
-    """A new source carries the retention hold at once, not from upkeep's next pass:
-    until then a dataflow's hold alone set its since, which moved past the times a
-    chaos run had read answers at, before the window held them."""
+def test_a_new_source_or_materialized_view_is_held_by_the_retention_window_from_its_creation(tmp_path):
+    """A new source, and a new materialized view's collection, carry the retention hold
+    at once, not from upkeep's next pass: until then a dataflow's hold alone set the
+    since, which moved past the times a chaos run had read answers at, before the
+    window held them."""
 
     async def run() -> None:
         controller = _controller(tmp_path)
+        await controller.create_instance("main")
         await controller.create_source("s", SCHEMA)
-        source = controller.catalog.collection_by_name("s").id
-        assert dict(controller.catalog.manifest(source).holds)[RETENTION_HOLDER] == Frontier.minimum()
+        await controller.create_dataflow("main", "v", "select * from s", materialize=True)
+        for name in ("s", "v"):
+            collection = controller.catalog.collection_by_name(name).id
+            assert dict(controller.catalog.manifest(collection).holds)[RETENTION_HOLDER] == Frontier.minimum(), name
         await _stop(controller)
 
     asyncio.run(run())
