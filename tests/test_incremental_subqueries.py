@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import incremental_cases
 import pytest
-from incremental_cases import check_shape, run_shape, spark_env
+from incremental_cases import Flow, Sources, check_shape, run_shape, spark_answer, spark_env
+from rows import assert_same_rows
 
-from replica_service.dataplane import _incremental, delta_plan
+from replica_service.dataplane import StorageReader, _incremental, _maintain, delta_plan
 
 pytestmark = pytest.mark.spark
 
@@ -144,3 +145,44 @@ def test_another_value_is_found_among_large_integers(env, negated, broadcast_lim
     assert repairs, "no extreme was repaired"
     join = "BroadcastHashJoin" if broadcast_limit else "SortMergeJoin"
     assert all(join in line for line in repairs), repairs
+
+
+def test_a_small_steps_stage_term_reads_only_the_input_rows_that_meet_the_stages_change(env, monkeypatch):
+    """A stage's change (here the ids that gain or lose a second row in u) is a
+    checkpoint whose size Spark cannot tell, so it would shuffle t whole to join it.
+    In a small step the stage's term reads only t's rows whose id is among the
+    change's (a broadcast semi-join); at hydration, and in a larger step, t whole.
+    Either way the answer is Spark's."""
+    monkeypatch.setattr(_maintain, "SMALL_STEP_MAX_ROWS", 3)
+    narrowed = []  # per narrowing: its columns, and whether Spark broadcast the change
+    meeting = _incremental._meeting
+
+    def recorded(rows, change, columns):
+        frame = meeting(rows, change, columns)
+        plan = frame._jdf.queryExecution().executedPlan().toString()
+        narrowed.append((columns, "BroadcastHashJoin" in plan and "LeftSemi" in plan))
+        return frame
+
+    monkeypatch.setattr(_incremental, "_meeting", recorded)
+    sql = SHAPES["in_aggregate"]
+    sources = Sources(env)
+    readers = {"t": StorageReader(sources.storage, sources.t), "u": StorageReader(sources.storage, sources.u)}
+    u = [{"id": i, "y": 0, "z": None} for i in (1, 1, 2, 2, 3, 3, 4, 4)]
+    batches = [
+        ([_row(i, "ab"[i % 2], i) for i in range(6)], [], u[:3], [], []),  # hydration: u has two 1s
+        ([], [], u[3:4], [], []),  # one row: a small step; 2 joins the stage
+        ([], [], u[4:], [], []),  # four rows: a larger step; 3 and 4 join it
+    ]
+    flow, seen = None, []
+    for batch in batches:
+        time = sources.apply(batch)
+        for reader in readers.values():
+            reader.refresh(env["session"])
+        flow = flow or Flow(env, "narrowed", sql, "incremental", readers)
+        flow.step(time)
+        seen.append(len(narrowed))
+        tables = {name: sources.storage.read_snapshot(id, time) for name, id in (("t", sources.t), ("u", sources.u))}
+        assert_same_rows(flow.table, spark_answer(env, sql, tables))
+    assert seen == [0, 1, 1]
+    assert narrowed == [((("id", "__c0"),), True)]
+    flow.maintainer.close()

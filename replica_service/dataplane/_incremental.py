@@ -59,6 +59,7 @@ from pyspark.sql import functions as F
 
 from replica_service.dataplane._jvm import Jvm
 from replica_service.dataplane._plan import ACC_VIEW, DIFF, AggregateCall, AggregateShape, DeltaPlan
+from replica_service.dataplane._rows import quote
 
 _FLOAT_TYPES = ("FLOAT", "DOUBLE")
 _EXTREME_FUNCTIONS = ("min", "max")
@@ -150,23 +151,27 @@ class IncrementalDataflow:
 
     # --- Steps ---------------------------------------------------------------------------
 
-    def step(self, time: int, bindings: Mapping[int, Binding], *, whole: bool = False) -> Step:
+    def step(self, time: int, bindings: Mapping[int, Binding], *, whole: bool = False, small: bool = False) -> Step:
         """The changes at `time`. The first step hydrates: every leaf is read whole at
         `time` (its `new`), and the changes are the whole output. `whole` (an aggregate
         query's only) asks for the whole output too: every group's row, read off the
-        step's accumulators."""
+        step's accumulators. `small`: the step's changes are few (see `_pre`)."""
         release(self._pending)  # a step that failed before its commit left them
         self._pending = []
-        pre = self._pre(bindings)
+        pre = self._pre(bindings, small)
         shape = self.plan.aggregate
         if shape is None:
             assert not whole, "a linear query's whole output is its inputs'"
             return Step(pre, self._mark_hydrated)
         return self._aggregate_step(time, shape, pre, bindings, whole)
 
-    def _pre(self, bindings: Mapping[int, Binding]) -> DataFrame:
+    def _pre(self, bindings: Mapping[int, Binding], small: bool) -> DataFrame:
         """The SPJ part's changes: the full plan while hydrating, else the derivative
-        terms of the leaves that changed."""
+        terms of the leaves that changed. In a `small` step, a stage's term reads the
+        inputs it narrows (`DeltaPlan.narrowing`) only where they match its change: a
+        broadcast semi-join with the change's columns, instead of the whole inputs
+        shuffled to meet a change Spark cannot tell is small (its broadcast holds the
+        change's rows, which a small step bounds)."""
         plan = self.plan
         if not self.hydrated:
             for leaf in plan.leaves:
@@ -176,12 +181,17 @@ class IncrementalDataflow:
         for leaf in plan.leaves:
             if not bindings[leaf.position].changed:
                 continue
+            change = bindings[leaf.position].delta
+            narrowed = dict(plan.narrowing[leaf.position]) if small and plan.narrowing else {}
             for other in plan.leaves:
                 binding = bindings[other.position]
                 if other is leaf:
-                    self._bind(other.view, binding.delta)
-                else:
-                    self._bind(other.view, binding.new if other.position < leaf.position else binding.old)
+                    self._bind(other.view, change)
+                    continue
+                rows = binding.new if other.position < leaf.position else binding.old
+                if other.position in narrowed:
+                    rows = _meeting(rows, change, narrowed[other.position])
+                self._bind(other.view, rows)
             terms.append(self._frame(plan.terms[leaf.position]))
         if not terms:
             for leaf in plan.leaves:  # no change: an empty result of the right shape
@@ -534,6 +544,14 @@ class IncrementalDataflow:
 
     def _frame(self, template) -> DataFrame:
         return DataFrame(self.jvm.dataframe_jdf(template), self.session)
+
+
+def _meeting(rows: DataFrame, change: DataFrame, columns: tuple[tuple[str, str], ...]) -> DataFrame:
+    """The `rows` whose columns equal a `change` row's, pairwise ((rows', change's)
+    names): a left semi-join with the change's columns broadcast."""
+    keys = change.selectExpr(*(f"{quote(theirs)} AS __meet{i}" for i, (_, theirs) in enumerate(columns)))
+    condition = " AND ".join(f"{quote(ours)} = __meet{i}" for i, (ours, _) in enumerate(columns))
+    return rows.join(F.broadcast(keys), F.expr(condition), "left_semi")
 
 
 def release(frames: list[DataFrame]) -> None:

@@ -276,8 +276,8 @@ class Incremental(Maintainer):
         too was measured: no faster, 383-394 vs 382-437 ms a step of (a) at 1M.)"""
         self._lease.release()  # a step that ended without its commit held it
         self._lease = lease = Lease()
-        self._size_plans(time)
-        step, commit_states = self._step(time, *self._bindings(time, lease))
+        small = self._size_plans(time)
+        step, commit_states = self._step(time, *self._bindings(time, lease, small), small=small)
 
         def commit() -> None:
             for state in self._states():  # the one part that may fail: before any state changes
@@ -310,9 +310,10 @@ class Incremental(Maintainer):
 
         return StepOutput(time, version, lambda current: changes, finish, abandon)
 
-    def _size_plans(self, time: int) -> None:
+    def _size_plans(self, time: int) -> bool:
         """Set how Spark plans the step at `time` in this dataflow's session (its stages
-        share it; the step's plans are made from here on, on this thread).
+        share it; the step's plans are made from here on, on this thread), and return
+        whether the step is small (its stages' steps are as well).
 
         A small step (after hydration, at most SMALL_STEP_MAX_ROWS changed input rows)
         is planned whole, before it runs, with one partition per shuffle: its rows fit
@@ -328,6 +329,7 @@ class Incremental(Maintainer):
         conf = self.session.conf
         conf.set("spark.sql.adaptive.enabled", "false" if small else "true")
         conf.set("spark.sql.shuffle.partitions", "1" if small else self._shuffle_partitions)
+        return small
 
     def _changed_rows(self, time: int) -> int:
         """A bound on the input rows that changed since the last step: the updates of
@@ -371,11 +373,18 @@ class Incremental(Maintainer):
         self.changes(time)[1]()  # the state is computed eagerly: no output needed
 
     def _step(
-        self, time: int, bindings: dict[int, Binding], bound: dict[int, Version], commits: list[Callable[[], None]], *, whole: bool = False
+        self,
+        time: int,
+        bindings: dict[int, Binding],
+        bound: dict[int, Version],
+        commits: list[Callable[[], None]],
+        *,
+        whole: bool = False,
+        small: bool = False,
     ) -> tuple[Step, Callable[[], None]]:
         """The step at `time` over `bindings` (see `_bindings`), and its commit: the
         stages' states, then this query's (`changes` cuts their lineage first)."""
-        step = self.state.step(time, bindings, whole=whole)
+        step = self.state.step(time, bindings, whole=whole, small=small)
 
         def commit() -> None:
             for stage_commit in commits:
@@ -386,17 +395,18 @@ class Incremental(Maintainer):
 
         return step, commit
 
-    def _bindings(self, time: int, lease: Lease) -> tuple[dict[int, Binding], dict[int, Version], list[Callable[[], None]]]:
+    def _bindings(self, time: int, lease: Lease, small: bool) -> tuple[dict[int, Binding], dict[int, Version], list[Callable[[], None]]]:
         """Each leaf's binding for a step at `time` (reading bases under `lease`), the
         index versions bound as new, and the commits of the stages stepped for it (a
-        stage's step is planned here, before this query binds its own views)."""
+        stage's step is planned here, before this query binds its own views, and is as
+        `small` as this query's)."""
         bindings, bound, commits = {}, {}, []
         stepped: dict[_Stage, Binding] = {}  # a stage read by several leaves steps once
         for leaf in self.plan.leaves:
             if leaf.stage is not None:
                 stage = self.stages[leaf.position]
                 if stage not in stepped:
-                    stepped[stage], commit = stage.binding(time, lease)
+                    stepped[stage], commit = stage.binding(time, lease, small)
                     commits.append(commit)
                 bindings[leaf.position] = stepped[stage]
                 continue
@@ -456,12 +466,12 @@ class _Stage:
         self.query = Incremental(desc, leaf.stage, session, inputs)
         self.rows: DataFrame | None = None  # the output at the last step
 
-    def binding(self, time: int, lease: Lease) -> tuple[Binding, Callable[[], None]]:
+    def binding(self, time: int, lease: Lease, small: bool) -> tuple[Binding, Callable[[], None]]:
         """The leaf's binding for a step at `time` (reading bases under the query's
         `lease`), and the commit keeping the stage's state (to run once the step's
         output is used)."""
         query = self.query
-        bindings, bound, commits = query._bindings(time, lease)
+        bindings, bound, commits = query._bindings(time, lease, small)
         if query.light and not any(b.changed for b in bindings.values()):
             rows = self.rows
 
@@ -471,7 +481,7 @@ class _Stage:
                 query.unchanged_through(time)
 
             return Binding(lambda: rows, lambda: rows, None), unchanged
-        step, commit = query._step(time, bindings, bound, commits, whole=True)
+        step, commit = query._step(time, bindings, bound, commits, whole=True, small=small)
         columns = [*self.leaf.columns, DIFF]
         # Computed now: that materializes the stage's accumulators (checkpointed as they
         # are computed), which its next state and its output read, whatever the query's

@@ -115,10 +115,17 @@ class AggregateShape:
     post: Any
 
 
+# For one term: each input leaf to narrow (by position) and its columns the query's
+# equalities make equal to a column of the term's change, as (input's, change's) names.
+Narrowing = tuple[tuple[int, tuple[tuple[str, str], ...]], ...]
+
+
 @dataclass(frozen=True, slots=True)
 class DeltaPlan:
     """`ranked`, for a ranked aggregate: the whole query (sort and limit included) over
-    `__acc` holding every group's current row (`__k*`, `__a*`); None otherwise."""
+    `__acc` holding every group's current row (`__k*`, `__a*`); None otherwise.
+    `narrowing[i]`, for a stage leaf i: the inputs its term may narrow to the rows that
+    can meet its change (`_narrowings`); empty for an input's leaf."""
 
     leaves: tuple[Leaf, ...]
     full: Any
@@ -126,6 +133,7 @@ class DeltaPlan:
     aggregate: AggregateShape | None
     output_columns: tuple[str, ...]
     ranked: Any | None = None
+    narrowing: tuple[Narrowing, ...] = ()
 
 
 # Plan nodes the SPJ part may contain, and how each carries the diff.
@@ -187,7 +195,7 @@ class _Builder:
             self._wrap(outputs, self._ordered(tree, leaf.position if leaf.stage is None else None), leaf.position, pre)
             for leaf in self.leaves
         )
-        return DeltaPlan(tuple(self.leaves), full, terms, shape, tuple(output), ranked)
+        return DeltaPlan(tuple(self.leaves), full, terms, shape, tuple(output), ranked, _narrowings(tree, self.leaves))
 
     # --- Shape checks --------------------------------------------------------------------
 
@@ -531,6 +539,65 @@ def _joins_ordered(jvm: Jvm, tree: _Tree, first: int | None, ordered: Callable[[
     if remaining:  # conditions on columns no input has (none, after analysis): kept as they were
         joined = _Tree.of(jvm.filter(_conjunction(jvm, [conditions[c] for c in remaining]), joined.node), "Filter", [joined])
     return _Tree.of(jvm.project(items(tree.node.output()), joined.node), "Project", [joined])
+
+
+def _narrowings(tree: _Tree, leaves: Sequence[Leaf]) -> tuple[Narrowing, ...]:
+    """Per leaf, for a stage's: each input leaf's columns that the SPJ tree's equalities
+    (`a = b` of two columns, in an inner join's condition or a filter, taken
+    transitively) make equal to one of the stage's columns. A term's row joins rows of
+    every leaf that meet all the conditions on their way up, so an input row whose
+    columns differ from those of every change row is in no row of the term: the input
+    can be narrowed to the rows that match the change's (`IncrementalDataflow._pre`).
+    Only a stage's term is narrowed: Spark cannot see that a stage's change is small
+    (a checkpoint's size is unknown to it), so it shuffles whole the inputs it joins
+    with that change."""
+    parent: dict[int, int] = {}
+
+    def find(i: int) -> int:
+        while parent.setdefault(i, i) != i:
+            i = parent[i] = parent[parent[i]]
+        return i
+
+    columns: dict[int, tuple[int, str]] = {}  # a leaf column's id: (its leaf, its name in the leaf's view)
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if node.leaf is not None:
+            for i, a in enumerate(items(node.node.output())):
+                columns[a.exprId().id()] = (node.leaf, a.name() if node.kind == "View" else f"__c{i}")
+            continue
+        condition = None
+        if node.kind == "Join" and kind(node.node.joinType()) in _JOIN_TYPES:
+            condition = option(node.node.condition())
+        elif node.kind == "Filter":
+            condition = node.node.condition()
+        for conjunct in _conjuncts(condition) if condition is not None else []:
+            sides = _equal_columns(conjunct)
+            if sides is not None:
+                parent[find(sides[0])] = find(sides[1])
+        stack.extend(node.children)
+    narrowings = []
+    for leaf in leaves:
+        if leaf.stage is None:
+            narrowings.append(())
+            continue
+        change = {find(i): name for i, (position, name) in columns.items() if position == leaf.position}
+        pairs: dict[int, dict[str, str]] = {}
+        for i, (position, name) in columns.items():
+            if leaves[position].stage is None and find(i) in change:
+                pairs.setdefault(position, {}).setdefault(name, change[find(i)])
+        narrowings.append(tuple((position, tuple(named.items())) for position, named in sorted(pairs.items())))
+    return tuple(narrowings)
+
+
+def _equal_columns(conjunct: Any) -> tuple[int, int] | None:
+    """The ids of the two columns `conjunct` says are equal (`a = b`), if it says so."""
+    if kind(conjunct) != "EqualTo":
+        return None
+    left, right = conjunct.left(), conjunct.right()
+    if kind(left) != "AttributeReference" or kind(right) != "AttributeReference":
+        return None
+    return left.exprId().id(), right.exprId().id()
 
 
 def _join_cluster(tree: _Tree) -> tuple[list[_Tree], list[Any], list[set[int]]]:
