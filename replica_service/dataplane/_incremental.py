@@ -182,7 +182,7 @@ class IncrementalDataflow:
             if not bindings[leaf.position].changed:
                 continue
             change = bindings[leaf.position].delta
-            narrowed = dict(plan.narrowing[leaf.position]) if small and plan.narrowing else {}
+            narrowed = dict(plan.narrowing[leaf.position]) if small else {}
             for other in plan.leaves:
                 binding = bindings[other.position]
                 if other is leaf:

@@ -132,8 +132,8 @@ class DeltaPlan:
     terms: tuple[Any, ...]
     aggregate: AggregateShape | None
     output_columns: tuple[str, ...]
+    narrowing: tuple[Narrowing, ...]
     ranked: Any | None = None
-    narrowing: tuple[Narrowing, ...] = ()
 
 
 # Plan nodes the SPJ part may contain, and how each carries the diff.
@@ -195,7 +195,7 @@ class _Builder:
             self._wrap(outputs, self._ordered(tree, leaf.position if leaf.stage is None else None), leaf.position, pre)
             for leaf in self.leaves
         )
-        return DeltaPlan(tuple(self.leaves), full, terms, shape, tuple(output), ranked, _narrowings(tree, self.leaves))
+        return DeltaPlan(tuple(self.leaves), full, terms, shape, tuple(output), _narrowings(tree, self.leaves), ranked)
 
     # --- Shape checks --------------------------------------------------------------------
 
