@@ -54,7 +54,12 @@ def _migrate(connection: Connection) -> None:
         # Outside any transaction, or SQLite ignores it.
         connection.connection.driver_connection.execute("PRAGMA foreign_keys=OFF")
     try:
-        _configure(connection=connection, render_as_batch=sqlite)
+        # All revisions in one transaction, on SQLite too (Alembic's default there is one
+        # per revision): the version is read under the write lock `BEGIN IMMEDIATE`
+        # takes, and kept until the last revision commits. Per revision, a concurrent
+        # first open could migrate between two of ours, and we then applied a revision
+        # already applied (seen: "duplicate column name: strategy").
+        _configure(connection=connection, render_as_batch=sqlite, transactional_ddl=True)
         with context.begin_transaction():
             if connection.dialect.name == "postgresql":
                 lock = text("SELECT pg_advisory_xact_lock(:key)")
