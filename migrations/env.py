@@ -6,7 +6,8 @@ Rules:
   `sqlalchemy.url`, so the CLI gets the same SQLite pragmas as the catalog.
 - SQLite: batch mode (`render_as_batch`), and foreign keys are off while migrating (a
   batch "move and copy" of a parent table must not cascade); violations are checked
-  before commit.
+  before commit. All revisions run in one transaction (`transactional_ddl`), whose
+  `BEGIN IMMEDIATE` makes concurrent first opens migrate one at a time.
 - PostgreSQL: one migration at a time per database, by a transaction-level advisory lock
   taken before the version table is read. The version table lives in the current
   schema (the first one on the search_path).
