@@ -548,10 +548,21 @@ class IncrementalDataflow:
 
 def _meeting(rows: DataFrame, change: DataFrame, columns: tuple[tuple[str, str], ...]) -> DataFrame:
     """The `rows` whose columns equal a `change` row's, pairwise ((rows', change's)
-    names): a left semi-join with the change's columns broadcast."""
-    keys = change.selectExpr(*(f"{quote(theirs)} AS __meet{i}" for i, (_, theirs) in enumerate(columns)))
-    condition = " AND ".join(f"{quote(ours)} = __meet{i}" for i, (ours, _) in enumerate(columns))
+    names): a left semi-join with the change's columns broadcast, renamed clear of
+    `rows`' columns so that the condition names each side's."""
+    tag = _fresh_prefix("__meet", rows.columns)
+    keys = change.selectExpr(*(f"{quote(theirs)} AS {tag}{i}" for i, (_, theirs) in enumerate(columns)))
+    condition = " AND ".join(f"{quote(ours)} = {tag}{i}" for i, (ours, _) in enumerate(columns))
     return rows.join(F.broadcast(keys), F.expr(condition), "left_semi")
+
+
+def _fresh_prefix(prefix: str, names: list[str]) -> str:
+    """`prefix`, lengthened with underscores until no name in `names` starts with it
+    (Spark matches names ignoring case)."""
+    taken = [name.lower() for name in names]
+    while any(name.startswith(prefix.lower()) for name in taken):
+        prefix += "_"
+    return prefix
 
 
 def release(frames: list[DataFrame]) -> None:
