@@ -323,13 +323,17 @@ class Catalog:
     # --- Collections and dataflows ------------------------------------------------------
 
     def create_source(
-        self, name: str, schema: str, *, since: Frontier = Frontier.minimum()
+        self, name: str, schema: str, *, since: Frontier = Frontier.minimum(), holders: Sequence[str] = ()
     ) -> CollectionInfo:
-        """Record a source with `since = upper = since`. `schema` is stored as given;
-        `Storage.create_source` checks and normalizes it first."""
+        """Record a source with `since = upper = since`, held there by each of `holders`
+        in the same transaction. `schema` is stored as given; `Storage.create_source`
+        checks and normalizes it first."""
         conflict = f"a source or materialized view named {name!r} already exists"
         with self._write(conflict=conflict) as session:
-            return _collections.create_source(session, name, schema=schema, since=since)
+            info = _collections.create_source(session, name, schema=schema, since=since)
+            for holder in holders:
+                _manifest.acquire_read_hold(session, info.id, holder, since)
+            return info
 
     def drop_source(self, id: str) -> None:
         """Drop a source; its batch files are retired. Refused while a dataflow imports it."""
@@ -379,6 +383,7 @@ class Catalog:
         until: Frontier = Frontier.empty(),
         compaction_window_ms: int | None = None,
         strategy: str = "recompute: not planned",
+        sink_holders: Sequence[str] = (),
     ) -> DataflowInfo:
         """Record a dataflow exporting an index named `name` (keyed by `index_key`)
         and/or a materialized view named `name`. `name` must be free among the dataflows
@@ -388,7 +393,8 @@ class Catalog:
 
         In the same transaction, the dataflow takes its read hold on each storage import
         at `as_of` (`dataflow_holder`), so no compaction can pass `as_of` between the
-        record and the controller acting on it (DESIGN section 6: record, then act)."""
+        record and the controller acting on it (DESIGN section 6: record, then act);
+        and each of `sink_holders` holds the materialized view's collection at `as_of`."""
         conflict = (
             f"instance {instance!r} already has a dataflow named {name!r}, or a source or "
             f"materialized view named {name!r} already exists"
@@ -412,6 +418,8 @@ class Catalog:
             for source in info.imports:
                 if source.kind == "storage":
                     _manifest.acquire_read_hold(session, source.id, holder, as_of)
+            for sink_holder in sink_holders if info.sink_id is not None else ():
+                _manifest.acquire_read_hold(session, info.sink_id, sink_holder, as_of)
             return info
 
     def record_compute_frontiers(

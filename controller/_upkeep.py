@@ -104,13 +104,6 @@ class StorageUpkeep:
             self._last_gc = now
         return result
 
-    def retain(self, id: str) -> Frontier:
-        """Take or move collection `id`'s retention hold now; returns its since. A new
-        source, and a new materialized view's collection, take it at once: until a pass
-        did, a dataflow's hold alone would set its since, and move it past times the
-        window keeps (a chaos run read answers it could no longer check)."""
-        return self._retain(self.storage.catalog.manifest(id))
-
     def _keep(self, info: CollectionInfo) -> int:
         """Move the retention hold of one collection, then compact it if enough batches
         lie below its since; returns how many batches compaction replaced."""

@@ -65,7 +65,7 @@ from controller._instance import ComputeInstance, InstanceError, InstanceOptions
 from controller._orchestrator import Orchestrator, size_of
 from controller._planner import Planner
 from controller._subscribe import FeedRequest, IndexFeed, StorageFeed
-from controller._upkeep import StorageUpkeep, UpkeepOptions
+from controller._upkeep import RETENTION_HOLDER, StorageUpkeep, UpkeepOptions
 from history import DataflowDescription, DataflowStatus, Frontier, Import, IndexTarget, Peek, PeekCanceled, PeekRows, RowSetFinishing, SqlTarget, Subscribe
 from protocol.security import ServerSecurity
 from replica_service._spark import make_class_archive, standalone_masters
@@ -445,8 +445,9 @@ class Controller:
     # --- Sources --------------------------------------------------------------------------
 
     async def create_source(self, name: str, schema: str) -> SourceView:
-        info = await _blocking(self.storage.create_source, name, schema)
-        await _blocking(self.upkeep.retain, info.id)
+        # Held by the retention window from its creation, in the same transaction: until
+        # upkeep's next pass, a dataflow's hold alone would set its since.
+        info = await _blocking(self.storage.create_source, name, schema, holders=(RETENTION_HOLDER,))
         return _source_view(info)
 
     async def append(self, source: str, rows) -> int:
@@ -604,13 +605,12 @@ class Controller:
                     materialized=materialize,
                     compaction_window_ms=compaction_window_ms,
                     strategy=recorded,
+                    sink_holders=(RETENTION_HOLDER,),  # as a new source is
                 )
                 desc = info.description()
                 await driver.call(lambda inst: inst.create_dataflow(desc, compaction_window_ms))
             finally:
                 driver.post(lambda inst: inst.release_reservation(token))
-            if info.sink_id is not None:  # a materialized view is held as a new source is
-                await _blocking(self.upkeep.retain, info.sink_id)
         return _dataflow_view(info, driver)
 
     async def _resolve(self, driver: InstanceDriver, table: str) -> tuple[Import, str, Frontier, Frontier]:

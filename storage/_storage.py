@@ -32,6 +32,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -162,10 +163,11 @@ class Storage:
     # --- Collections ------------------------------------------------------------------
 
     def create_source(
-        self, name: str, schema: str, *, since: Frontier = Frontier.minimum()
+        self, name: str, schema: str, *, since: Frontier = Frontier.minimum(), holders: Sequence[str] = ()
     ) -> CollectionInfo:
-        """A new source; `schema` (Spark DDL) is checked and stored in normal form."""
-        return self._catalog.create_source(name, normalize_ddl(schema), since=since)
+        """A new source, held at `since` by each of `holders` from its creation; `schema`
+        (Spark DDL) is checked and stored in normal form."""
+        return self._catalog.create_source(name, normalize_ddl(schema), since=since, holders=holders)
 
     def schema(self, id: str) -> pa.Schema:
         """The Arrow schema of storage collection `id` (schemas never change)."""

@@ -231,6 +231,25 @@ def test_sources_get_fresh_ids_and_unique_names(controller: Catalog, dump) -> No
     refused(dump, NotFound, lambda: controller.collection_by_name("nope"))
 
 
+def test_a_new_collection_is_held_in_the_transaction_that_creates_it(controller: Catalog, dump) -> None:  # type: ignore[no-untyped-def]
+    """`holders` (a source's) and `sink_holders` (a materialized view's) hold the new
+    collection at its since from the transaction that creates it: a hold that cannot be
+    taken leaves nothing created."""
+    controller.create_instance("main")
+    orders = controller.create_source("orders", SCHEMA, since=Frontier(3), holders=["keeper"])
+    assert dict(controller.manifest(orders.id).holds) == {"keeper": Frontier(3)}
+
+    def view(name: str, holders: list[str]):  # type: ignore[no-untyped-def]
+        return controller.create_dataflow(
+            "main", name, sql="SELECT * FROM o", imports=[Import("o", orders.id)], schema=SCHEMA,
+            as_of=Frontier(3), materialized=True, sink_holders=holders,
+        )
+
+    assert dict(controller.manifest(view("v", ["keeper"]).sink_id or "").holds) == {"keeper": Frontier(3)}
+    refused(dump, InvalidArgument, lambda: controller.create_source("users", SCHEMA, holders=[""]))
+    refused(dump, InvalidArgument, lambda: view("w", [""]))
+
+
 def test_a_dropped_name_may_be_reused_but_never_its_id(catalog_url: str) -> None:
     with Catalog.open(catalog_url) as first:
         first.become_controller()
