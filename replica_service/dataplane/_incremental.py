@@ -71,10 +71,11 @@ _BROADCAST_DIRTY = 100_000
 # a step then reads the base (the touched groups' rows, and the untouched ones where
 # the whole output is asked for) but does not write it again. Once the overlay may
 # hold more than OVERLAY_MAX_GROUPS groups, a full step merges it into a new base.
-# The overlay's extra jobs cost about what writing 100,000 groups does: a step over a
-# state of 1,000 groups took twice as long overlaid, one of 150,000 groups 0.87x, of
-# 1,000,000 groups a third (`bench/groups_bench.py`).
-OVERLAY_MIN_GROUPS = 150_000
+# The overlay's extra jobs cost about what writing 30,000 groups does, now that a small
+# step's full merge runs in one task: a step over a state of 20,000 groups took 1.19x
+# as long overlaid, one of 40,000 groups 0.89x, of 100,000 groups 0.52x
+# (`bench/groups_bench.py`, 2026-11-28).
+OVERLAY_MIN_GROUPS = 40_000
 OVERLAY_MAX_GROUPS = 50_000
 RECOUNT_STEPS = 16
 
