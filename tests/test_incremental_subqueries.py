@@ -190,7 +190,7 @@ def test_a_small_steps_stage_term_reads_only_the_input_rows_that_meet_the_stages
 
 def test_a_narrowed_input_may_have_a_column_named_like_the_changes_keys(env):
     """The change's columns are renamed clear of the input's own (any case), so an input
-    column named `__meet0` or `__MEET0_0` does not make the semi-join's condition
+    column named `__meet0` or `__MEET_0` does not make the semi-join's condition
     ambiguous."""
     session = env["session"]
     rows = session.createDataFrame([(1, 10, 0), (2, 20, 0), (3, 30, 0)], "id BIGINT, __meet0 BIGINT, __MEET_0 BIGINT")
