@@ -185,6 +185,7 @@ class InstanceError(Exception):
 
 DIGEST_TIMES_KEPT = 16  # per dataflow: the version times whose digests are compared
 EVENTS_KEPT = 100
+HOLD_BACK_DOUBLINGS = 3  # a replica failing again and again is held back by at most 8x max_hold_back_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -1108,7 +1109,15 @@ class ComputeInstance:
         """Why `replica` holds compaction back too far, if it does: on some collection
         it reported a write frontier (or, not having reported, was given an as_of) more
         than `max_hold_back_ms` behind W, or W itself is that far behind the clock
-        while it has not reported (a replica that ignored the dataflow)."""
+        while it has not reported (a replica that ignored the dataflow).
+
+        The bound doubles with each of the replica's consecutive failures, up to
+        HOLD_BACK_DOUBLINGS times: a replica whose hydration takes longer than the bound
+        was otherwise evicted again and again, never in sync (a drill on a slow day:
+        8 evictions of an `xsmall` replica hydrating 7 dataflows under a 10 s bound)."""
+        doublings = min(replica.consecutive_failures, HOLD_BACK_DOUBLINGS)
+        limit = self.options.max_hold_back_ms << doublings
+        bound = f"max_hold_back_ms = {self.options.max_hold_back_ms}" + (f", doubled for {doublings} consecutive failures" if doublings else "")
         for id, collection in self.collections.items():
             write = collection.write_frontier
             if collection.since.is_empty or write.is_empty:
@@ -1122,8 +1131,8 @@ class ComputeInstance:
                 what = f"it has not reported {id} for {behind} ms"
             else:
                 continue
-            if behind > self.options.max_hold_back_ms:
-                return f"{what}, more than max_hold_back_ms = {self.options.max_hold_back_ms}: rehydrating it"
+            if behind > limit:
+                return f"{what}, more than {limit} ms ({bound}): rehydrating it"
         return None
 
     # --- Maintenance ------------------------------------------------------------------

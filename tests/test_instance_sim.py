@@ -29,6 +29,7 @@ from catalog import DEFAULT_MAX_LAG_MS, DEFAULT_MIN_IN_SYNC, DEFAULT_REPLICA_TIM
 from controller._instance import (
     Arbitrate,
     DIGEST_TIMES_KEPT,
+    HOLD_BACK_DOUBLINGS,
     ComputeInstance,
     Connect,
     Disconnect,
@@ -1072,13 +1073,37 @@ def test_a_replica_held_back_too_far_is_evicted_from_the_holds_and_rehydrated():
 
     assert Disconnect("r2", 1) in effects
     assert instance.replicas["r2"].session is None  # no resume: that would hold again
-    assert "1001 ms behind W on u2, more than max_hold_back_ms = 1000" in instance.replicas["r2"].last_failure
+    assert "1001 ms behind W on u2, more than 1000 ms (max_hold_back_ms = 1000)" in instance.replicas["r2"].last_failure
     assert storage_holds(effects)[-1] == Frontier(1_200)  # the inputs follow r1 alone
     assert next(h for h in instance.health() if h.name == "r2").in_sync is False
     (reconnect,) = [e for e in effects if isinstance(e, Connect)]
     assert reconnect.resume is None
     replay = connect(instance, "r2")
     assert [c.desc.as_of for c in replay if isinstance(c, CreateDataflow)] == [Frontier(1_200)]
+
+
+def test_the_hold_back_bound_doubles_with_each_consecutive_failure_so_a_slow_hydration_ends():
+    """A replica whose hydration takes longer than `max_hold_back_ms` was evicted again
+    and again, never in sync. Each consecutive failure doubles its bound (at most
+    HOLD_BACK_DOUBLINGS times); once it stays active for `stable_ms`, the bound is back."""
+    instance = new_instance(max_hold_back_ms=1_000, replica_timeout_ms=60_000)
+    instance.tick(100)
+    connect(instance, "r1")
+    connect(instance, "r2")
+    instance.create_dataflow(dataflow("u2", as_of=100))
+    now, evicted_after = 100, []
+    for _ in range(HOLD_BACK_DOUBLINGS + 2):
+        given = now
+        while instance.replicas["r2"].phase == "active":
+            now += 100
+            report(instance, "r1", "u2", now)  # W follows r1; r2 hydrates, says nothing
+            instance.tick(now)
+        evicted_after.append(now - given)
+        now = instance.replicas["r2"].retry_at_ms
+        instance.tick(now)
+        connect(instance, "r2")
+    assert evicted_after == [1_100, 2_100, 4_100, 8_100, 8_100]
+    assert "more than 8000 ms (max_hold_back_ms = 1000, doubled for 3 consecutive failures)" in instance.replicas["r2"].last_failure
 
 
 def test_a_replica_that_ignores_a_dataflow_does_not_freeze_its_inputs():
