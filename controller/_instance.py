@@ -1117,7 +1117,6 @@ class ComputeInstance:
         8 evictions of an `xsmall` replica hydrating 7 dataflows under a 10 s bound)."""
         doublings = min(replica.consecutive_failures, HOLD_BACK_DOUBLINGS)
         limit = self.options.max_hold_back_ms << doublings
-        bound = f"max_hold_back_ms = {self.options.max_hold_back_ms}" + (f", doubled for {doublings} consecutive failures" if doublings else "")
         for id, collection in self.collections.items():
             write = collection.write_frontier
             if collection.since.is_empty or write.is_empty:
@@ -1132,7 +1131,8 @@ class ComputeInstance:
             else:
                 continue
             if behind > limit:
-                return f"{what}, more than {limit} ms ({bound}): rehydrating it"
+                doubled = f", doubled for {doublings} consecutive failures" if doublings else ""
+                return f"{what}, more than {limit} ms (max_hold_back_ms = {self.options.max_hold_back_ms}{doubled}): rehydrating it"
         return None
 
     # --- Maintenance ------------------------------------------------------------------
