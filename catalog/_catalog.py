@@ -418,8 +418,9 @@ class Catalog:
             for source in info.imports:
                 if source.kind == "storage":
                     _manifest.acquire_read_hold(session, source.id, holder, as_of)
-            for sink_holder in sink_holders if info.sink_id is not None else ():
-                _manifest.acquire_read_hold(session, info.sink_id, sink_holder, as_of)
+            if info.sink_id is not None:
+                for sink_holder in sink_holders:
+                    _manifest.acquire_read_hold(session, info.sink_id, sink_holder, as_of)
             return info
 
     def record_compute_frontiers(
