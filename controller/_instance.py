@@ -197,7 +197,7 @@ class InstanceOptions:
     # Commands kept as pushed: a replica that missed no more than these since its stream
     # broke is caught up with just those (near-horizon).
     resume_window: int = RECENT_COMMANDS
-    # Backoff across incarnations (see `retry_delay_ms`); a replica active for
+    # Backoff across incarnations (see `retry_delay_ms`); a replica in sync for
     # `stable_ms` has its consecutive failures forgotten.
     retry_base_ms: int = 500
     retry_max_ms: int = 30_000
@@ -273,9 +273,9 @@ class ReplicaState:
     last_heard_ms: int = 0
     peeks_won: int = 0
     failures: int = 0
-    consecutive_failures: int = 0  # since it last stayed active for `stable_ms`
+    consecutive_failures: int = 0  # since it last stayed in sync for `stable_ms`
     retry_at_ms: int = 0  # while failed: when its next incarnation connects
-    active_since_ms: int | None = None  # while active
+    in_sync_since_ms: int | None = None  # while active and in sync where served (`tick`)
     last_failure: str = ""
     status: StatusResponse | None = None
     dataflow_status: dict[str, DataflowStatus] = field(default_factory=dict)
@@ -486,7 +486,7 @@ class ComputeInstance:
         if resumed:
             return self._resume(replica, nonce, applied)
         replica.phase = "active"
-        replica.active_since_ms = replica.last_heard_ms = self.now_ms
+        replica.last_heard_ms = self.now_ms
         replica.replays += 1
         # The history itself is not reduced here: that would move its horizon under
         # other replicas whose resumes are in flight.
@@ -516,7 +516,7 @@ class ComputeInstance:
         resent: list[ComputeCommand] = [p.peek for p in self.peeks.values() if p.peek.uuid not in in_suffix]
         resent += [s.resend() for s in self.subscriptions.values() if s.command.uuid not in in_suffix]
         replica.phase = "active"
-        replica.active_since_ms = replica.last_heard_ms = self.now_ms
+        replica.last_heard_ms = self.now_ms
         replica.resumes += 1
         # The resent peeks are commands the history does not count: re-base the mapping
         # on where the suffix starts, so that a session cut again partway through it can
@@ -556,7 +556,7 @@ class ComputeInstance:
         replica.failures += 1
         replica.consecutive_failures += 1
         replica.retry_at_ms = self.now_ms + self.options.retry_delay_ms(replica.consecutive_failures)
-        replica.active_since_ms = replica.losing_since_ms = None
+        replica.in_sync_since_ms = replica.losing_since_ms = None
         replica.last_failure = reason
         self._event(
             "replica_failed",
@@ -1066,10 +1066,16 @@ class ComputeInstance:
     def tick(self, now_ms: int) -> list[Effect]:
         """Advance the clock: replicas silent past `replica_timeout_ms` have failed;
         replicas held back past `max_hold_back_ms` are rehydrated; resume offers expire;
-        replicas active for `stable_ms` have their consecutive failures forgotten; failed
-        replicas whose retry time passed connect again."""
+        replicas in sync (where served) for `stable_ms` have their consecutive failures
+        forgotten; failed replicas whose retry time passed connect again.
+
+        Stability counts from being in sync, not from connecting: a replica whose
+        hydration outlasted `stable_ms` had its failures forgotten while still hydrating,
+        its hold-back bound fell back to `max_hold_back_ms`, and it was evicted again and
+        again."""
         self.now_ms = max(self.now_ms, now_ms)
         effects: list[Effect] = []
+        excused = self._unservable() if any(r.phase == "active" for r in self.replicas.values()) else {}
         for replica in list(self.replicas.values()):
             silent = self.now_ms - replica.last_heard_ms
             session = replica.session
@@ -1085,7 +1091,11 @@ class ComputeInstance:
                     lost_ms = self.now_ms - replica.losing_since_ms
                     replica.session = None
                     effects += self.replica_failed(replica.name, replica.epoch, f"slow: it lost every read for {lost_ms} ms")
-                elif replica.active_since_ms is not None and self.now_ms - replica.active_since_ms >= self.options.stable_ms:
+                elif not self._in_sync(replica, excused):
+                    replica.in_sync_since_ms = None
+                elif replica.in_sync_since_ms is None:
+                    replica.in_sync_since_ms = self.now_ms
+                elif self.now_ms - replica.in_sync_since_ms >= self.options.stable_ms:
                     replica.consecutive_failures = 0
                 slow = self._slow(replica)
                 if slow and not replica.reported_slow:

@@ -1085,8 +1085,11 @@ def test_a_replica_held_back_too_far_is_evicted_from_the_holds_and_rehydrated():
 def test_the_hold_back_bound_doubles_with_each_consecutive_failure_so_a_slow_hydration_ends():
     """A replica whose hydration takes longer than `max_hold_back_ms` was evicted again
     and again, never in sync. Each consecutive failure doubles its bound (at most
-    HOLD_BACK_DOUBLINGS times); once it stays active for `stable_ms`, the bound is back."""
-    instance = new_instance(max_hold_back_ms=1_000, replica_timeout_ms=60_000)
+    HOLD_BACK_DOUBLINGS times); once it stays in sync for `stable_ms`, the bound is back.
+    Hydrating past `stable_ms` does not count as stable: counted from connecting, the
+    failures were forgotten mid-hydration and the bound fell back (evictions after 1.1,
+    2.1, 2.1, 2.1 and 2.1 s here)."""
+    instance = new_instance(max_hold_back_ms=1_000, replica_timeout_ms=60_000, stable_ms=2_000)
     instance.tick(100)
     connect(instance, "r1")
     connect(instance, "r2")
@@ -1103,7 +1106,18 @@ def test_the_hold_back_bound_doubles_with_each_consecutive_failure_so_a_slow_hyd
         instance.tick(now)
         connect(instance, "r2")
     assert evicted_after == [1_100, 2_100, 4_100, 8_100, 8_100]
-    assert "more than 8000 ms (max_hold_back_ms = 1000, doubled for 3 consecutive failures)" in instance.replicas["r2"].last_failure
+    r2 = instance.replicas["r2"]
+    assert "more than 8000 ms (max_hold_back_ms = 1000, doubled for 3 consecutive failures)" in r2.last_failure
+
+    for now in range(now + 100, now + 2_200, 100):  # hydrated, and in sync for stable_ms
+        report(instance, "r1", "u2", now)
+        report(instance, "r2", "u2", now)
+        instance.tick(now)
+    assert (r2.phase, r2.consecutive_failures) == ("active", 0)
+    for now in range(now + 100, now + 1_200, 100):  # the bound is 1 s again
+        report(instance, "r1", "u2", now)
+        instance.tick(now)
+    assert "more than 1000 ms (max_hold_back_ms = 1000)" in r2.last_failure
 
 
 def test_a_replica_that_ignores_a_dataflow_does_not_freeze_its_inputs():
