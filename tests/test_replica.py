@@ -25,7 +25,7 @@ from rows import assert_same_rows
 from test_metrics import scrape
 from replica_harness import ReplicaProcess, ScriptedClient
 from replica_service import _spark
-from replica_service._replica import DEFAULT_PARAMETERS
+from replica_service._replica import DEFAULT_PARAMETERS, STEP_WORKERS
 from storage import Storage, schema_to_ddl
 
 pytestmark = pytest.mark.spark
@@ -683,6 +683,43 @@ def test_a_dataflow_dropped_while_hydrating_frees_the_cluster_at_once(env, sales
     small.send(h.CreateDataflow(after), h.Schedule(after.export_ids[0]))
     small.client.wait_frontier(after.export_ids[0], past=sales["times"][-1], timeout=60)
     small.send(h.AllowCompaction(after.export_ids[0], h.Frontier.empty()))
+
+
+# Minutes of work on one core, in 2,000 tasks of a fraction of a second each: Spark
+# cannot preempt a task, so a core frees often. The repartitioned rows are exploded again
+# after the shuffle, so every task of the long stage has about the same work.
+LONG_IN_SHORT_TASKS = (
+    "select region, count(*) as n from (select region, explode(sequence(1, 4000)) as j from "
+    "(select /*+ REPARTITION(2000) */ region, i from (select region, explode(sequence(1, 2500)) as i from sales))) group by region"
+)
+
+
+def test_a_live_dataflows_step_does_not_queue_behind_hydrations_filling_the_step_workers(env, sales, small):
+    """A long hydration does not hold back the steps of dataflows already live: with
+    STEP_WORKERS hydrations running (every worker of the heavy step pool taken, minutes
+    of tasks each on `small`'s one core), an append's step of a live incremental
+    dataflow runs on the light pool and its tasks take the core between theirs. It
+    answers while every hydration still runs; with one pool, it queued behind them."""
+    live = _dataflow(env, "live_beside_hydrations", TOTALS, {"sales": sales["id"]}, key=["region"], as_of=sales["times"][-1], strategy="incremental")
+    small.send(h.CreateDataflow(live), h.Schedule(live.export_ids[0]))
+    small.client.wait_frontier(live.export_ids[0], past=sales["times"][-1], timeout=120)
+    descs = [_dataflow(env, f"long_hydration_{i}", LONG_IN_SHORT_TASKS, {"sales": sales["id"]}, key=["region"], as_of=sales["times"][-1]) for i in range(STEP_WORKERS)]
+    long = [desc.export_ids[0] for desc in descs]
+    small.send(*(c for desc in descs for c in (h.CreateDataflow(desc), h.Schedule(desc.export_ids[0]))))
+    try:
+
+        def hydrating(responses) -> list[h.DataflowStatus] | None:
+            mine = [d for d in responses.statuses[-1].dataflows if d.id in long] if responses.statuses else []
+            return mine if len(mine) == len(long) and all(d.hydration_tasks_total and not d.hydrated for d in mine) else None
+
+        small.client.wait_for(hydrating, 120, "every long hydration's tasks running")
+        t = append(env, sales, [{"id": 9_000, "region": "east", "amount": 1.5}])
+        small.client.wait_frontier(live.export_ids[0], past=t, timeout=180)
+        assert small.client.wait_for(hydrating, 1, "the long hydrations still running")
+    finally:
+        small.send(*(h.AllowCompaction(id, h.Frontier.empty()) for id in long))
+        small.client.wait_for(lambda r: all(r.frontiers.get(id) == h.Frontier.empty() for id in long), 60, "the drops")
+    small.send(h.AllowCompaction(live.export_ids[0], h.Frontier.empty()))
 
 
 def _consolidated(reports: list[h.SubscribeResponse], through: int) -> dict[tuple, int]:
