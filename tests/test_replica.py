@@ -700,10 +700,11 @@ def test_a_live_dataflows_step_does_not_queue_behind_hydrations_filling_the_step
     of tasks each on `small`'s one core), an append's step of a live incremental
     dataflow runs on the light pool and its tasks take the core between theirs. It
     answers while every hydration still runs; with one pool, it queued behind them."""
-    live = _dataflow(env, "live_beside_hydrations", TOTALS, {"sales": sales["id"]}, key=["region"], as_of=sales["times"][-1], strategy="incremental")
+    as_of = sales["times"][-1]
+    live = _dataflow(env, "live_beside_hydrations", TOTALS, {"sales": sales["id"]}, key=["region"], as_of=as_of, strategy="incremental")
     small.send(h.CreateDataflow(live), h.Schedule(live.export_ids[0]))
-    small.client.wait_frontier(live.export_ids[0], past=sales["times"][-1], timeout=120)
-    descs = [_dataflow(env, f"long_hydration_{i}", LONG_IN_SHORT_TASKS, {"sales": sales["id"]}, key=["region"], as_of=sales["times"][-1]) for i in range(STEP_WORKERS)]
+    small.client.wait_frontier(live.export_ids[0], past=as_of, timeout=120)
+    descs = [_dataflow(env, f"long_hydration_{i}", LONG_IN_SHORT_TASKS, {"sales": sales["id"]}, key=["region"], as_of=as_of) for i in range(STEP_WORKERS)]
     long = [desc.export_ids[0] for desc in descs]
     small.send(*(c for desc in descs for c in (h.CreateDataflow(desc), h.Schedule(desc.export_ids[0]))))
     try:
@@ -715,7 +716,9 @@ def test_a_live_dataflows_step_does_not_queue_behind_hydrations_filling_the_step
         small.client.wait_for(hydrating, 120, "every long hydration's tasks running")
         t = append(env, sales, [{"id": 9_000, "region": "east", "amount": 1.5}])
         small.client.wait_frontier(live.export_ids[0], past=t, timeout=180)
-        assert small.client.wait_for(hydrating, 1, "the long hydrations still running")
+        frontiers = small.client.wait_for(lambda r: dict(r.frontiers), 1, "the frontiers")
+        hydrated = [id for id in long if frontiers.get(id, h.Frontier(as_of)).is_complete(as_of)]
+        assert not hydrated, f"{hydrated} hydrated before the live dataflow's step: the test proves nothing"
     finally:
         small.send(*(h.AllowCompaction(id, h.Frontier.empty()) for id in long))
         small.client.wait_for(lambda r: all(r.frontiers.get(id) == h.Frontier.empty() for id in long), 60, "the drops")
