@@ -275,7 +275,7 @@ class ReplicaState:
     failures: int = 0
     consecutive_failures: int = 0  # since it last stayed in sync for `stable_ms`
     retry_at_ms: int = 0  # while failed: when its next incarnation connects
-    in_sync_since_ms: int | None = None  # while active and in sync where served (`tick`)
+    in_sync_since_ms: int | None = None  # while active with failures, and in sync where served (`tick`)
     last_failure: str = ""
     status: StatusResponse | None = None
     dataflow_status: dict[str, DataflowStatus] = field(default_factory=dict)
@@ -1075,7 +1075,9 @@ class ComputeInstance:
         again."""
         self.now_ms = max(self.now_ms, now_ms)
         effects: list[Effect] = []
-        excused = self._unservable() if any(r.phase == "active" for r in self.replicas.values()) else {}
+        # Only a replica with failures to forget needs its time in sync tracked.
+        recovering = any(r.phase == "active" and r.consecutive_failures for r in self.replicas.values())
+        excused = self._unservable() if recovering else {}
         for replica in list(self.replicas.values()):
             silent = self.now_ms - replica.last_heard_ms
             session = replica.session
@@ -1091,12 +1093,8 @@ class ComputeInstance:
                     lost_ms = self.now_ms - replica.losing_since_ms
                     replica.session = None
                     effects += self.replica_failed(replica.name, replica.epoch, f"slow: it lost every read for {lost_ms} ms")
-                elif not self._in_sync(replica, excused):
-                    replica.in_sync_since_ms = None
-                elif replica.in_sync_since_ms is None:
-                    replica.in_sync_since_ms = self.now_ms
-                elif self.now_ms - replica.in_sync_since_ms >= self.options.stable_ms:
-                    replica.consecutive_failures = 0
+                elif replica.consecutive_failures:
+                    self._count_stability(replica, excused)
                 slow = self._slow(replica)
                 if slow and not replica.reported_slow:
                     lost_ms = self.now_ms - replica.losing_since_ms
@@ -1114,6 +1112,16 @@ class ComputeInstance:
                     else:
                         replica.frontiers.clear()
         return effects + self.maintain()
+
+    def _count_stability(self, replica: ReplicaState, excused: Collection[str]) -> None:
+        """Track since when `replica` (active, with failures) has been in sync where
+        served; after `stable_ms` its consecutive failures are forgotten."""
+        if not self._in_sync(replica, excused):
+            replica.in_sync_since_ms = None
+        elif replica.in_sync_since_ms is None:
+            replica.in_sync_since_ms = self.now_ms
+        elif self.now_ms - replica.in_sync_since_ms >= self.options.stable_ms:
+            replica.consecutive_failures = 0
 
     def _held_back(self, replica: ReplicaState) -> str | None:
         """Why `replica` holds compaction back too far, if it does: on some collection
