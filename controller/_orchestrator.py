@@ -9,6 +9,7 @@ on worker threads.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from catalog import Catalog, ReplicaInfo
+from catalog import Catalog, NotFound, ReplicaInfo
 from controller._api import ControllerError
 
 log = logging.getLogger(__name__)
@@ -139,8 +140,16 @@ class Orchestrator:
         A process that is not ready within `ready_timeout_s` (DEADLINE_EXCEEDED) or that
         exits first (UNAVAILABLE, with its own reason when it gave one, e.g. an
         unreachable Spark master) is gone, its process group with it, when this raises.
+
+        The pid is recorded before the process is ready, without an address, and the
+        address once it is ready: a controller that dies in between leaves a process
+        the catalog names. A recorded process without an address never became ready
+        for any controller, so it is killed here before its successor starts.
         """
         with self._launching:
+            if replica.address is None and self.alive(replica):
+                log.warning("replica %s/%s: pid %d never became ready for its controller; killing it", replica.instance, replica.name, replica.pid)
+                _reap_group(replica.pid, self._children.pop(replica.pid, None), 0.0)
             incarnation = replica.incarnation + 1
             self.log_dir.mkdir(parents=True, exist_ok=True)
             log_path = self.log_dir / f"{replica.instance}-{replica.name}-{incarnation}.log"
@@ -158,19 +167,21 @@ class Orchestrator:
                     start_new_session=True,
                 )
             self._children[process.pid] = process
+            recorded = False
             try:
+                self.catalog.update_replica(replica.instance, replica.name, address=None, pid=process.pid)
+                recorded = True
                 address = self._await_ready(replica.name, process, log_path, ready_timeout_s)
-            except ControllerError:
-                self._children.pop(process.pid)
-                _reap_group(process.pid, process, 0.0)  # e.g. a JVM it left starting
+                started = self.catalog.update_replica(replica.instance, replica.name, address=address, incarnation=incarnation)
+            except Exception:  # not ready, or the replica was dropped meanwhile: nothing would stop it
+                self._children.pop(process.pid, None)
+                _reap_group(process.pid, process, 0.0)  # with e.g. a JVM it left starting
+                if recorded:
+                    with contextlib.suppress(NotFound):
+                        self.catalog.update_replica(replica.instance, replica.name, pid=None)
                 raise
         log.info("replica %s/%s incarnation %d: pid %d at %s", replica.instance, replica.name, incarnation, process.pid, address)
-        try:
-            return self.catalog.update_replica(replica.instance, replica.name, address=address, pid=process.pid, incarnation=incarnation)
-        except Exception:  # e.g. the replica was dropped meanwhile: nothing would stop it
-            self._children.pop(process.pid, None)
-            threading.Thread(target=_reap_group, args=(process.pid, process, 0.0), daemon=True).start()
-            raise
+        return started
 
     def _command(self, replica: ReplicaInfo, conf: dict[str, str], work_dir: Path) -> list[str]:
         """The replica process's command line; it prints one JSON line with its address

@@ -6,6 +6,9 @@ Python program that prints the ready line), so no JVM starts.
   what is left of its process group (a child that ignores SIGTERM, as a JVM busy
   stopping would), also for a process an earlier controller started;
 - a process whose replica was dropped while it started is not left running;
+- a process recorded without an address (its controller died before it was ready, or
+  between its ready line and the record of its address) is killed by the next
+  controller's orchestrator before it starts a successor;
 - the blob location, a directory or a URI, reaches the replica's arguments intact.
 - the runtime replaces a live process that failed `RESPAWN_AFTER` attempts in a row,
   unless the controller was fenced.
@@ -117,8 +120,12 @@ def test_a_process_an_earlier_controller_started_is_stopped_too(orchestrator: Or
 def test_a_replica_dropped_while_its_process_starts_leaves_no_process(orchestrator: Orchestrator, controller: Catalog, tmp_path: Path, monkeypatch):
     replica = controller.get_replica("main", "r1")
 
+    record = controller.update_replica
+
     def dropped(*args, **kwargs):
-        raise NotFound("replica r1 does not exist")
+        if kwargs.get("address"):  # found when its address is recorded
+            raise NotFound("replica r1 does not exist")
+        return record(*args, **kwargs)
 
     monkeypatch.setattr(controller, "update_replica", dropped)
     with pytest.raises(NotFound):
@@ -128,6 +135,42 @@ def test_a_replica_dropped_while_its_process_starts_leaves_no_process(orchestrat
     while running(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not running(child) and not orchestrator._children
+
+
+class ControllerKilled(BaseException):
+    """What a SIGKILL of the controller at this point leaves: no cleanup of any kind."""
+
+
+def test_a_process_whose_controller_died_before_recording_its_address_is_killed_by_the_next(
+    orchestrator: Orchestrator, controller: Catalog, tmp_path: Path, monkeypatch
+):
+    record = controller.update_replica
+
+    def killed_once_ready(*args, **kwargs):
+        if kwargs.get("address"):
+            raise ControllerKilled
+        return record(*args, **kwargs)
+
+    monkeypatch.setattr(controller, "update_replica", killed_once_ready)
+    with pytest.raises(ControllerKilled):
+        orchestrator.ensure_running(controller.get_replica("main", "r1"), {})
+    monkeypatch.setattr(controller, "update_replica", record)
+    orphan = controller.get_replica("main", "r1")
+    orphans_child = int((tmp_path / "child-1").read_text())
+    assert orphan.address is None and running(orphan.pid) and running(orphans_child)
+
+    successor = Orchestrator(controller, "sqlite://", tmp_path / "blobs", tmp_path)
+    address = successor.ensure_running(orphan, {})
+
+    replica = controller.get_replica("main", "r1")
+    assert address == replica.address and replica.pid != orphan.pid and running(replica.pid)
+    assert replica.incarnation == 1  # the orphan's was never recorded
+    deadline = time.monotonic() + 10
+    while (running(orphan.pid) or running(orphans_child)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running(orphan.pid) and not running(orphans_child)  # the whole group
+    orchestrator.alive(orphan)  # reap the orphan, the first orchestrator's child
+    successor.stop(replica)
 
 
 def test_a_live_process_that_keeps_failing_is_replaced_unless_the_controller_is_fenced(
