@@ -103,9 +103,15 @@ def spark(env):
     return env["planner"]
 
 
-def _dataflow(env, name: str, sql: str, imports: dict[str, str], *, key=None, materialized=False, as_of=None, **options) -> h.DataflowDescription:
-    """Record a dataflow in the catalog (as the controller would; `options` of
-    `Catalog.create_dataflow` such as its strategy) and describe it."""
+# The strategy of a dataflow whose test is not about incremental maintenance.
+RECOMPUTED = "recompute: chosen by the test"
+
+
+def _dataflow(
+    env, name: str, sql: str, imports: dict[str, str], *, strategy: str, key=None, materialized=False, as_of=None
+) -> h.DataflowDescription:
+    """Record a dataflow in the catalog (as the controller would, with the `strategy`
+    given: "incremental", or `RECOMPUTED`; a test says which) and describe it."""
     catalog: Catalog = env["catalog"]
     storage: Storage = env["storage"]
     imported = [h.Import(alias, storage_id, "storage") for alias, storage_id in imports.items()]
@@ -121,7 +127,7 @@ def _dataflow(env, name: str, sql: str, imports: dict[str, str], *, key=None, ma
         as_of=h.Frontier(as_of if as_of is not None else since),
         index_key=key,
         materialized=materialized,
-        **options,
+        strategy=strategy,
     )
     return info.description()
 
@@ -191,7 +197,7 @@ JOINED = (
 
 
 def test_peeks_at_several_times_match_spark(env, sales, small, spark):
-    desc = _dataflow(env, "totals", TOTALS, {"sales": sales["id"]}, key=["region"])
+    desc = _dataflow(env, "totals", TOTALS, {"sales": sales["id"]}, key=["region"], strategy=RECOMPUTED)
     small.send(h.CreateDataflow(desc), h.Schedule(desc.export_ids[0]))
     index = desc.export_ids[0]
     small.client.wait_frontier(index, past=sales["times"][-1])
@@ -269,8 +275,8 @@ def test_cancel_peek_answers_canceled_exactly_once(env, sales, small):
 
 def test_replicas_of_different_sizes_agree_bit_for_bit(env, sales, small, large):
     imports = {"sales": sales["id"], "regions": sales["regions"]}
-    desc = _dataflow(env, "joined", JOINED, imports, key=["country"])
-    totals = _dataflow(env, "totals_large", TOTALS, {"sales": sales["id"]}, key=["region"])
+    desc = _dataflow(env, "joined", JOINED, imports, key=["country"], strategy=RECOMPUTED)
+    totals = _dataflow(env, "totals_large", TOTALS, {"sales": sales["id"]}, key=["region"], strategy=RECOMPUTED)
     for controller in (small, large):
         controller.send(h.CreateDataflow(desc), h.Schedule(desc.export_ids[0]))
     large.send(h.CreateDataflow(totals), h.Schedule(totals.export_ids[0]))
@@ -306,7 +312,7 @@ def test_a_fresh_process_starts_a_new_session(small, large):
 
 
 def test_a_failing_dataflow_does_not_stop_the_others(env, sales, small):
-    bad = _dataflow(env, "bad_cast", "select cast(region as int) as r from sales", {"sales": sales["id"]}, key=["r"])
+    bad = _dataflow(env, "bad_cast", "select cast(region as int) as r from sales", {"sales": sales["id"]}, key=["r"], strategy=RECOMPUTED)
     small.send(h.CreateDataflow(bad), h.Schedule(bad.export_ids[0]))
     status = small.client.wait_for(
         lambda r: next((s for s in reversed(r.statuses) for d in s.dataflows if d.id == bad.export_ids[0] and d.error), None),
@@ -328,7 +334,7 @@ def test_a_failing_dataflow_does_not_stop_the_others(env, sales, small):
 
 
 def test_two_replicas_write_a_materialized_view_exactly_once(env, sales, small, large, spark):
-    desc = _dataflow(env, "totals_mv", TOTALS, {"sales": sales["id"]}, key=["region"], materialized=True)
+    desc = _dataflow(env, "totals_mv", TOTALS, {"sales": sales["id"]}, key=["region"], materialized=True, strategy=RECOMPUTED)
     for controller in (small, large):
         controller.send(h.CreateDataflow(desc), h.Schedule(desc.export_ids[0]))
     sink = desc.sink_exports[0].id
@@ -353,7 +359,7 @@ def test_a_recomputed_materialized_view_writes_its_first_and_every_version(env, 
     # A window function has no delta plan: recomputed at every change, diffed against the
     # view's own contents, which are empty (and below its since) before its first write.
     ranked = "select id, region, row_number() over (partition by region order by id) as position from sales"
-    desc = _dataflow(env, "ranked_mv", ranked, {"sales": sales["id"]}, materialized=True, as_of=sales["times"][-1])
+    desc = _dataflow(env, "ranked_mv", ranked, {"sales": sales["id"]}, materialized=True, as_of=sales["times"][-1], strategy=RECOMPUTED)
     assert desc.strategy == "recompute"
     small.send(h.CreateDataflow(desc), h.Schedule(desc.export_ids[0]))
     sink = desc.sink_exports[0].id
@@ -452,7 +458,7 @@ def _index_of(env, name: str) -> str:
 
 def test_a_cut_stream_resumes_its_session(env, sales, small, spark):
     old = small.reconnect(epoch=4)  # a session of its own
-    desc = _dataflow(env, "resumed_totals", TOTALS, {"sales": sales["id"]}, key=["region"])
+    desc = _dataflow(env, "resumed_totals", TOTALS, {"sales": sales["id"]}, key=["region"], strategy=RECOMPUTED)
     index = desc.export_ids[0]
     small.send(h.CreateDataflow(desc), h.Schedule(index))
     old.wait_frontier(index, past=sales["times"][-1])
@@ -553,7 +559,7 @@ def test_a_dataflow_that_kills_the_jvm_is_refused_after_two_deaths_not_looped(en
     """The replica dies with its JVM and records what it was computing; the incarnation
     that would compute it a third time marks it failed instead, and serves the rest."""
     crash_file = tmp_path / "crashes.json"
-    desc = _dataflow(env, "heap_eater", HEAP_EATER, {"sales": sales["id"]}, key=["region"])
+    desc = _dataflow(env, "heap_eater", HEAP_EATER, {"sales": sales["id"]}, key=["region"], strategy=RECOMPUTED)
     for death in (1, 2):
         replica = ReplicaProcess(env["url"], env["root"] / "blobs", log_path=tmp_path / f"eater-{death}.log", args=("--crash-file", str(crash_file)))
         controller = Controller(replica.address, env["config"])
@@ -565,7 +571,7 @@ def test_a_dataflow_that_kills_the_jvm_is_refused_after_two_deaths_not_looped(en
     replica = ReplicaProcess(env["url"], env["root"] / "blobs", log_path=tmp_path / "eater-3.log", args=("--crash-file", str(crash_file)))
     try:
         controller = Controller(replica.address, env["config"])
-        totals = _dataflow(env, "totals_beside", TOTALS, {"sales": sales["id"]}, key=["region"])
+        totals = _dataflow(env, "totals_beside", TOTALS, {"sales": sales["id"]}, key=["region"], strategy=RECOMPUTED)
         controller.send(h.CreateDataflow(desc), h.Schedule(desc.export_ids[0]), h.CreateDataflow(totals), h.Schedule(totals.export_ids[0]))
         status = controller.client.wait_for(
             lambda r: next((d for s in r.statuses[-1:] for d in s.dataflows if d.id == desc.export_ids[0] and d.error), None), 60, "the refusal"
@@ -643,7 +649,7 @@ def test_a_hydrating_dataflow_reports_its_first_steps_tasks_then_none(env, sales
     """The wiring of the above: while a dataflow's first step runs, the replica's status
     carries that step's tasks; once hydrated, none."""
     # As of the latest time, so that the first step (its hydration) has every row to do.
-    desc = _dataflow(env, "slow_to_hydrate", SLOW_TO_HYDRATE, {"sales": sales["id"]}, key=["region"], as_of=sales["times"][-1])
+    desc = _dataflow(env, "slow_to_hydrate", SLOW_TO_HYDRATE, {"sales": sales["id"]}, key=["region"], as_of=sales["times"][-1], strategy=RECOMPUTED)
     id = desc.export_ids[0]
 
     def reported(responses, hydrated: bool):
@@ -671,7 +677,7 @@ def test_a_dataflow_dropped_while_hydrating_frees_the_cluster_at_once(env, sales
         "select region, count(*) as n from (select region, explode(sequence(1, 20000)) as j from "
         "(select /*+ REPARTITION(2) */ region, explode(sequence(1, 20000)) as i from sales)) group by region"
     )
-    desc = _dataflow(env, "endless", endless, {"sales": sales["id"]}, key=["region"], as_of=sales["times"][-1])
+    desc = _dataflow(env, "endless", endless, {"sales": sales["id"]}, key=["region"], as_of=sales["times"][-1], strategy=RECOMPUTED)
     id = desc.export_ids[0]
     small.send(h.CreateDataflow(desc), h.Schedule(id))
     hydrating = lambda r: any(d.id == id and d.hydration_tasks_total for s in r.statuses[-3:] for d in s.dataflows)
@@ -679,7 +685,7 @@ def test_a_dataflow_dropped_while_hydrating_frees_the_cluster_at_once(env, sales
     small.send(h.AllowCompaction(id, h.Frontier.empty()))
     small.client.wait_for(lambda r: r.frontiers.get(id) == h.Frontier.empty(), 30, "the drop")
 
-    after = _dataflow(env, "after_endless", TOTALS, {"sales": sales["id"]}, key=["region"], as_of=sales["times"][-1])
+    after = _dataflow(env, "after_endless", TOTALS, {"sales": sales["id"]}, key=["region"], as_of=sales["times"][-1], strategy=RECOMPUTED)
     small.send(h.CreateDataflow(after), h.Schedule(after.export_ids[0]))
     small.client.wait_frontier(after.export_ids[0], past=sales["times"][-1], timeout=60)
     small.send(h.AllowCompaction(after.export_ids[0], h.Frontier.empty()))
@@ -704,7 +710,10 @@ def test_a_live_dataflows_step_does_not_queue_behind_hydrations_filling_the_step
     live = _dataflow(env, "live_beside_hydrations", TOTALS, {"sales": sales["id"]}, key=["region"], as_of=as_of, strategy="incremental")
     small.send(h.CreateDataflow(live), h.Schedule(live.export_ids[0]))
     small.client.wait_frontier(live.export_ids[0], past=as_of, timeout=120)
-    descs = [_dataflow(env, f"long_hydration_{i}", LONG_IN_SHORT_TASKS, {"sales": sales["id"]}, key=["region"], as_of=as_of) for i in range(STEP_WORKERS)]
+    descs = [
+        _dataflow(env, f"long_hydration_{i}", LONG_IN_SHORT_TASKS, {"sales": sales["id"]}, key=["region"], as_of=as_of, strategy=RECOMPUTED)
+        for i in range(STEP_WORKERS)
+    ]
     long = [desc.export_ids[0] for desc in descs]
     small.send(*(c for desc in descs for c in (h.CreateDataflow(desc), h.Schedule(desc.export_ids[0]))))
     try:
@@ -738,7 +747,7 @@ def _consolidated(reports: list[h.SubscribeResponse], through: int) -> dict[tupl
 
 
 def test_a_subscription_reports_its_snapshot_then_each_times_changes_alike_on_two_replicas(env, sales, small, large, spark):
-    desc = _dataflow(env, "followed", TOTALS, {"sales": sales["id"]}, key=["region"])
+    desc = _dataflow(env, "followed", TOTALS, {"sales": sales["id"]}, key=["region"], strategy=RECOMPUTED)
     index, as_of = desc.export_ids[0], sales["times"][1]
     subscribe = h.Subscribe("feed-1", index, as_of)
     for controller in (small, large):
