@@ -161,33 +161,43 @@ def run_shape(env, name: str, sql: str, sequence, expected_sql: str) -> None:
     times = []
     flows = {}
     late = None
-    for index, batch in enumerate(sequence):
-        time = sources.apply(batch)
-        times.append(time)
+    try:
+        for index, batch in enumerate(sequence):
+            time = sources.apply(batch)
+            times.append(time)
+            for reader in readers.values():
+                reader.refresh(env["session"])
+            if index == 0:
+                # The incremental flow's states are overlaid; the late and restored ones
+                # (small states) take full steps, and all must agree.
+                flows = {s: Flow(env, name, sql, s, readers, overlaid=s == "incremental") for s in ("incremental", "recompute")}
+            if index == len(sequence) // 2:
+                late = Flow(env, name, sql, "incremental", readers)
+                # A replica that lost its Spark state rebuilds it through its last step.
+                restored = Flow(env, name, sql, "incremental", readers)
+                restored.maintainer.restore(times[-2])
+                restored.table = flows["incremental"].table
+                flows["restored"] = restored
+            versions = {s: f.step(time) for s, f in flows.items()}
+            if late is not None:
+                late.step(time)
+                assert late.digests[time] == flows["incremental"].digests[time], f"{name}: hydrated late differs at step {index}"
+            if "restored" in flows:
+                assert flows["restored"].digests[time] == flows["incremental"].digests[time], f"{name}: restored differs at step {index}"
+            assert flows["incremental"].digests[time] == flows["recompute"].digests[time], f"{name}: incremental != recompute at step {index}"
+            # What status reports as the step's rows changed does not depend on the strategy.
+            assert flows["incremental"].rows_changed[time] == flows["recompute"].rows_changed[time], f"{name}: rows changed at step {index}"
+            expected = spark_answer(env, expected_sql, {"t": storage.read_snapshot(sources.t, time), "u": storage.read_snapshot(sources.u, time)})
+            assert_same_rows(versions["incremental"], expected)
+            # As a replica does after its steps: a dropped proxy in a reference cycle pins
+            # its Dataset, plans and all, in the JVM until a cyclic collection.
+            _spark.release_dropped_proxies()
+    finally:
+        for flow in [*flows.values(), *([late] if late is not None else [])]:
+            flow.maintainer.close()
         for reader in readers.values():
-            reader.refresh(env["session"])
-        if index == 0:
-            # The incremental flow's states are overlaid; the late and restored ones
-            # (small states) take full steps, and all must agree.
-            flows = {s: Flow(env, name, sql, s, readers, overlaid=s == "incremental") for s in ("incremental", "recompute")}
-        if index == len(sequence) // 2:
-            late = Flow(env, name, sql, "incremental", readers)
-            # A replica that lost its Spark state rebuilds it through its last step.
-            restored = Flow(env, name, sql, "incremental", readers)
-            restored.maintainer.restore(times[-2])
-            restored.table = flows["incremental"].table
-            flows["restored"] = restored
-        versions = {s: f.step(time) for s, f in flows.items()}
-        if late is not None:
-            late.step(time)
-            assert late.digests[time] == flows["incremental"].digests[time], f"{name}: hydrated late differs at step {index}"
-        if "restored" in flows:
-            assert flows["restored"].digests[time] == flows["incremental"].digests[time], f"{name}: restored differs at step {index}"
-        assert flows["incremental"].digests[time] == flows["recompute"].digests[time], f"{name}: incremental != recompute at step {index}"
-        # What status reports as the step's rows changed does not depend on the strategy.
-        assert flows["incremental"].rows_changed[time] == flows["recompute"].rows_changed[time], f"{name}: rows changed at step {index}"
-        expected = spark_answer(env, expected_sql, {"t": storage.read_snapshot(sources.t, time), "u": storage.read_snapshot(sources.u, time)})
-        assert_same_rows(versions["incremental"], expected)
+            reader.close()
+        _spark.release_dropped_proxies()
 
 
 def spark_answer(env, sql: str, tables: dict[str, pa.Table]) -> pa.Table:
