@@ -299,13 +299,16 @@ class Catalog:
         *,
         address: str | None = UNSET,
         pid: int | None = UNSET,
+        process_start: str | None = UNSET,
         incarnation: int = UNSET,
     ) -> ReplicaInfo:
-        """Record a managed replica's address and pid, or a new incarnation (which
-        never regresses). Arguments left out keep their recorded values."""
+        """Record a managed replica's address and pid (with what tells its process from
+        a later one given the same pid, `process_start`, where known), or a new
+        incarnation (which never regresses). Arguments left out keep their recorded
+        values, except that a new pid clears the process start unless given with it."""
         with self._write() as session:
             return _instances.update_replica(
-                session, instance, name, address=address, pid=pid, incarnation=incarnation
+                session, instance, name, address=address, pid=pid, process_start=process_start, incarnation=incarnation
             )
 
     def drop_replica(self, instance: str, name: str) -> None:

@@ -215,6 +215,7 @@ def create_replica(
         managed=address is None,
         address=address,
         pid=None,
+        process_start=None,
         incarnation=0,
     )
     session.add(row)
@@ -229,10 +230,12 @@ def update_replica(
     *,
     address: str | None = UNSET,
     pid: int | None = UNSET,
+    process_start: str | None = UNSET,
     incarnation: int = UNSET,
 ) -> ReplicaInfo:
     """Record where a replica runs. An external replica keeps its address; the
-    incarnation never regresses."""
+    incarnation never regresses. A new pid replaces the process start recorded with the
+    last one (None unless given with it)."""
     row = _replica_row(session, instance, name)
     if address is not UNSET:
         if address is not None:
@@ -244,9 +247,15 @@ def update_replica(
             )
     if pid is not UNSET and pid is not None:
         check_int("pid", pid, minimum=1)
+    if process_start is not UNSET and process_start is not None:
+        check_text("process start", process_start, max_length=64)
+    if pid is not UNSET and process_start is UNSET:
+        process_start = None
+    elif pid is UNSET and process_start is not UNSET:
+        raise InvalidArgument("a process start is recorded with the pid it is of")
     if incarnation is not UNSET:
         check_int("incarnation", incarnation, minimum=row.incarnation)
-    for key, value in (("address", address), ("pid", pid), ("incarnation", incarnation)):
+    for key, value in (("address", address), ("pid", pid), ("process_start", process_start), ("incarnation", incarnation)):
         if value is not UNSET:
             setattr(row, key, value)
     session.flush()

@@ -133,7 +133,8 @@ class Instance(Base):
 
 class Replica(Base):
     """A replica of an instance. `managed` replicas are spawned by the orchestrator (their
-    `address` and `pid` are recorded once running); external ones have a fixed `address`.
+    `pid` is recorded once started, with its `process_start` where the system tells it,
+    and their `address` once ready); external ones have a fixed `address`.
     `incarnation` counts rehydrations and never regresses."""
 
     __tablename__ = "replicas"
@@ -152,6 +153,7 @@ class Replica(Base):
     managed: Mapped[bool] = mapped_column(Boolean)
     address: Mapped[str | None]
     pid: Mapped[int | None] = mapped_column(Integer)
+    process_start: Mapped[str | None] = mapped_column(String(64))
     incarnation: Mapped[int]
 
 

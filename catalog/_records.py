@@ -48,8 +48,10 @@ class InstanceInfo:
 
 @dataclass(frozen=True, slots=True)
 class ReplicaInfo:
-    """A replica. `managed` replicas are spawned by the orchestrator; `address` and `pid`
-    are what was last recorded. `spark_conf` holds resource settings only, sorted."""
+    """A replica. `managed` replicas are spawned by the orchestrator; `address`, `pid` and
+    `process_start` (what tells that process from a later one given the same pid, when
+    the system told) are what was last recorded. `spark_conf` holds resource settings
+    only, sorted."""
 
     instance: str
     name: str
@@ -59,6 +61,7 @@ class ReplicaInfo:
     managed: bool
     address: str | None
     pid: int | None
+    process_start: str | None
     incarnation: int
 
     def conf(self) -> dict[str, str]:
@@ -209,6 +212,7 @@ def replica_info(row: Replica) -> ReplicaInfo:
         managed=row.managed,
         address=row.address,
         pid=row.pid,
+        process_start=row.process_start,
         incarnation=row.incarnation,
     )
 

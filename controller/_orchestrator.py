@@ -3,7 +3,9 @@ when they died.
 
 A managed replica runs `python -m replica_service` in a session of its own, so it
 outlives a controller crash; its pid, address and incarnation are recorded in the
-catalog. Every call here blocks (process start, catalog writes): the runtime runs them
+catalog, and with the pid its process start (`process_start`), so that a later process
+given the same pid (after the replica died, or a reboot) is never taken for it, nor
+signalled. Every call here blocks (process start, catalog writes): the runtime runs them
 on worker threads.
 """
 
@@ -56,17 +58,21 @@ def size_of(name: str) -> Size:
     return size
 
 
-def _reap_group(pid: int, child: subprocess.Popen | None, grace_s: float) -> None:
+def _reap_group(pid: int, child: subprocess.Popen | None, grace_s: float, start: str | None = None) -> None:
     """Wait up to `grace_s` for process `pid` (reaping it if it is our child), then kill
-    what is left of its process group."""
+    what is left of its process group. Not if another process (not of `start`) has
+    the pid now: a pid that leads a live group is never given to a new process, so that
+    group is gone."""
     deadline = time.monotonic() + grace_s
     if child is not None:
         try:
             child.wait(grace_s)
         except subprocess.TimeoutExpired:
             pass
-    while child is None and pid_alive(pid) and time.monotonic() < deadline:
+    while child is None and pid_alive(pid, start) and time.monotonic() < deadline:
         time.sleep(0.2)
+    if child is None and pid_alive(pid) and not pid_alive(pid, start):
+        return
     try:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -75,14 +81,39 @@ def _reap_group(pid: int, child: subprocess.Popen | None, grace_s: float) -> Non
         child.wait()
 
 
-def pid_alive(pid: int | None) -> bool:
+def pid_alive(pid: int | None, start: str | None = None) -> bool:
+    """Whether process `pid` runs (a zombie included) and, given the `process_start` it
+    had when recorded, is still that process."""
     if not pid:
         return False
     try:
         os.kill(pid, 0)
     except OSError as e:
-        return e.errno == errno.EPERM
-    return True
+        if e.errno != errno.EPERM:
+            return False
+    return start is None or process_start(pid) == start
+
+
+def process_start(pid: int) -> str | None:
+    """What tells process `pid` from a later one given the same pid: the boot's id and
+    the process's start time in clock ticks since boot. None where the system does not
+    tell (no Linux /proc), or when no such process runs."""
+    fields = proc_stat(pid)
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as boot:
+            return f"{boot.read().strip()}/{int(fields[19])}" if fields else None
+    except OSError:
+        return None
+
+
+def proc_stat(pid: int) -> list[bytes] | None:
+    """The fields of `/proc/<pid>/stat` after the command name (which may hold spaces and
+    parentheses), from the state (field 3) on; None if there is no such file."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
 
 
 class Orchestrator:
@@ -109,7 +140,7 @@ class Orchestrator:
         if replica.pid in self._stopping:
             return False
         child = self._children.get(replica.pid)
-        return child.poll() is None if child is not None else pid_alive(replica.pid)
+        return child.poll() is None if child is not None else pid_alive(replica.pid, replica.process_start)
 
     def ensure_running(self, replica: ReplicaInfo, launch_conf: Mapping[str, str]) -> str:
         """The address of `replica`'s process, spawning a new incarnation if it died.
@@ -149,7 +180,7 @@ class Orchestrator:
         with self._launching:
             if replica.address is None and self.alive(replica):
                 log.warning("replica %s/%s: pid %d never became ready for its controller; killing it", replica.instance, replica.name, replica.pid)
-                _reap_group(replica.pid, self._children.pop(replica.pid, None), 0.0)
+                _reap_group(replica.pid, self._children.pop(replica.pid, None), 0.0, replica.process_start)
             incarnation = replica.incarnation + 1
             self.log_dir.mkdir(parents=True, exist_ok=True)
             log_path = self.log_dir / f"{replica.instance}-{replica.name}-{incarnation}.log"
@@ -169,7 +200,9 @@ class Orchestrator:
             self._children[process.pid] = process
             recorded = False
             try:
-                self.catalog.update_replica(replica.instance, replica.name, address=None, pid=process.pid)
+                # Read while it cannot be reaped: the pid is still this child's.
+                start = process_start(process.pid)
+                self.catalog.update_replica(replica.instance, replica.name, address=None, pid=process.pid, process_start=start)
                 recorded = True
                 address = self._await_ready(replica.name, process, log_path, ready_timeout_s)
                 started = self.catalog.update_replica(replica.instance, replica.name, address=address, incarnation=incarnation)
@@ -251,7 +284,7 @@ class Orchestrator:
         self._stopping.add(replica.pid)
 
         def reap() -> None:
-            _reap_group(replica.pid, child, STOP_GRACE_S)
+            _reap_group(replica.pid, child, STOP_GRACE_S, replica.process_start)
             self._stopping.discard(replica.pid)
 
         threading.Thread(target=reap, daemon=True).start()

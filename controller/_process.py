@@ -151,7 +151,8 @@ def kill_replicas(data_dir: Path | str, catalog_url: str | None = None) -> list[
         return []
     catalog = Catalog.open(catalog_url or default_url(data_dir))
     try:
-        pids = [r.pid for r in catalog.list_replicas() if r.managed and pid_alive(r.pid)]
+        # Not a later process given a dead replica's pid.
+        pids = [r.pid for r in catalog.list_replicas() if r.managed and pid_alive(r.pid, r.process_start)]
     finally:
         catalog.close()
     for pid in pids:
@@ -280,11 +281,10 @@ def _wait_gone(pids: list[int], timeout: float) -> None:
 
 def _zombie(pid: int) -> bool:
     """A dead process nobody has reaped yet (kill(pid, 0) still finds it)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] == b"Z"
-    except (OSError, IndexError):
-        return False
+    from controller._orchestrator import proc_stat
+
+    fields = proc_stat(pid)
+    return bool(fields) and fields[0] == b"Z"
 
 
 def _tail(path: Path, lines: int = 20) -> str:

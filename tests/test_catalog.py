@@ -167,10 +167,12 @@ def test_managed_and_external_replicas(controller: Catalog) -> None:
     assert not external.managed and external.address == "10.0.0.2:7000"
     assert managed.incarnation == external.incarnation == 0
 
-    running = controller.update_replica("main", "r1", address="127.0.0.1:5001", pid=4242)
-    assert (running.address, running.pid, running.incarnation) == ("127.0.0.1:5001", 4242, 0)
-    again = controller.update_replica("main", "r1", incarnation=1, pid=None)
-    assert (again.address, again.pid, again.incarnation) == ("127.0.0.1:5001", None, 1)
+    running = controller.update_replica("main", "r1", address="127.0.0.1:5001", pid=4242, process_start="b/77")
+    assert (running.address, running.pid, running.process_start, running.incarnation) == ("127.0.0.1:5001", 4242, "b/77", 0)
+    readied = controller.update_replica("main", "r1", address="127.0.0.1:5002")
+    assert (readied.pid, readied.process_start) == (4242, "b/77")
+    again = controller.update_replica("main", "r1", incarnation=1, pid=None)  # a new pid clears the start
+    assert (again.address, again.pid, again.process_start, again.incarnation) == ("127.0.0.1:5002", None, None, 1)
     assert controller.list_replicas("main") == [again, external]
     assert controller.get_replica("main", "r2") == external
 
@@ -202,6 +204,8 @@ def test_bad_replica_changes_are_refused(controller: Catalog, dump) -> None:  # 
         ),
         (InvalidArgument, lambda: controller.update_replica("main", "r1", incarnation=2)),
         (InvalidArgument, lambda: controller.update_replica("main", "r1", pid=0)),
+        (InvalidArgument, lambda: controller.update_replica("main", "r1", process_start="b/1")),  # no pid
+        (InvalidArgument, lambda: controller.update_replica("main", "r1", pid=7, process_start="")),
         (InvalidArgument, lambda: controller.update_replica("main", "ext", address="h:2")),
         (NotFound, lambda: controller.update_replica("main", "r9", pid=1)),
         (NotFound, lambda: controller.drop_replica("main", "r9")),

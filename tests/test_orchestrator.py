@@ -9,6 +9,8 @@ Python program that prints the ready line), so no JVM starts.
 - a process recorded without an address (its controller died before it was ready, or
   between its ready line and the record of its address) is killed by the next
   controller's orchestrator before it starts a successor;
+- a recorded pid that a later, unrelated process was given is not taken for the
+  replica, nor signalled by a stop, a spawn or `kill_replicas`;
 - the blob location, a directory or a URI, reaches the replica's arguments intact.
 - the runtime replaces a live process that failed `RESPAWN_AFTER` attempts in a row,
   unless the controller was fenced.
@@ -20,6 +22,7 @@ Python program that prints the ready line), so no JVM starts.
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 import threading
 import time
@@ -31,9 +34,9 @@ import pytest
 from catalog import Catalog, NotFound
 from controller import _orchestrator
 from controller._api import ControllerError
-from controller._orchestrator import Orchestrator, pid_alive
+from controller._orchestrator import Orchestrator, pid_alive, process_start
 from controller._instance import ComputeInstance
-from controller._process import _zombie
+from controller._process import _zombie, kill_replicas
 from controller.runtime import RESPAWN_AFTER, Controller
 from history import InstanceConfig
 
@@ -171,6 +174,55 @@ def test_a_process_whose_controller_died_before_recording_its_address_is_killed_
     assert not running(orphan.pid) and not running(orphans_child)  # the whole group
     orchestrator.alive(orphan)  # reap the orphan, the first orchestrator's child
     successor.stop(replica)
+
+
+def test_a_process_is_told_from_a_later_one_given_the_same_pid(tmp_path: Path):
+    first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    second = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        start = process_start(first.pid)
+        assert start is not None and start == process_start(first.pid)
+        assert process_start(second.pid) not in (None, start)
+        assert pid_alive(first.pid, start) and pid_alive(first.pid)
+        # The first's pid, as if given to the second: alive, but not that process.
+        assert pid_alive(second.pid) and not pid_alive(second.pid, start)
+    finally:
+        for process in (first, second):
+            process.kill()
+            process.wait()
+    assert process_start(first.pid) is None and not pid_alive(first.pid, start)
+
+
+def test_a_recorded_pid_that_another_process_was_given_is_neither_the_replica_nor_signalled(
+    orchestrator: Orchestrator, controller: Catalog, catalog_url: str, tmp_path: Path, monkeypatch
+):
+    monkeypatch.setattr(_orchestrator, "STOP_GRACE_S", 0.5)
+    orchestrator.ensure_running(controller.get_replica("main", "r1"), {})
+    dead = controller.get_replica("main", "r1")
+    orchestrator.stop(dead)
+    deadline = time.monotonic() + 10
+    while running(dead.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    # An unrelated process, leading a group of its own as a replica does, now has the
+    # pid the catalog records (a pid is reused once its process is gone, after a reboot
+    # above all); its start is not the one recorded.
+    unrelated = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    try:
+        controller.update_replica("main", "r1", address=None, pid=unrelated.pid, process_start=dead.process_start)
+        recorded = controller.get_replica("main", "r1")
+        successor = Orchestrator(controller, "sqlite://", tmp_path / "blobs", tmp_path)
+        assert not successor.alive(recorded)
+        successor.stop(recorded)
+        assert kill_replicas(tmp_path, catalog_url) == []
+        address = successor.ensure_running(recorded, {})  # a process recorded without an address
+        replica = controller.get_replica("main", "r1")
+        assert address == replica.address and replica.pid != unrelated.pid and replica.incarnation == 2
+        time.sleep(1.0)  # past the stop's grace
+        assert unrelated.poll() is None
+        successor.stop(replica)
+    finally:
+        unrelated.kill()
+        unrelated.wait()
 
 
 def test_a_live_process_that_keeps_failing_is_replaced_unless_the_controller_is_fenced(
