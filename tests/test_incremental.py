@@ -226,25 +226,36 @@ def test_an_incremental_step_is_light_once_hydrated_and_a_recomputed_one_never(e
     assert not flows["recompute"].maintainer.light
 
 
-def test_a_small_step_is_planned_whole_with_one_partition_per_shuffle(env, monkeypatch):
-    """A hydration, and a step whose inputs changed by more rows than a small step's,
-    run adaptively over the instance's shuffle partitions; a small step is planned
-    whole, one partition per shuffle. Either way the versions are Spark's answer."""
+@pytest.mark.parametrize("strategy", ["incremental", "recompute"])
+def test_a_small_step_is_planned_whole_with_one_partition_per_shuffle(env, monkeypatch, strategy):
+    """A step whose inputs changed by more rows than a small step's, and a hydration of
+    more input rows than that, run adaptively over the instance's shuffle partitions; a
+    small step, or the hydration of a small input (a recompute's every step), is
+    planned whole, one partition per shuffle. Either way the versions are Spark's answer."""
     monkeypatch.setattr(_maintain, "SMALL_STEP_MAX_ROWS", 2)
     sources = Sources(env)
     reader = StorageReader(sources.storage, sources.t)
-    flow, planned = None, []
-    for start, count in ((0, 3), (3, 2), (5, 3)):
+    flows, planned = {}, []
+    for start, count in ((0, 2), (2, 1), (3, 2), (5, 3)):
         rows = [{"id": i, "k": "ab"[i % 2], "x": 0.5 * i, "q": None, "n": i % 3} for i in range(start, start + count)]
         time = sources.apply((rows, [], [], [], []))
         reader.refresh(env["session"])
-        flow = flow or Flow(env, "sized", SHAPES["aggregates"], "incremental", {"t": reader})
-        flow.step(time)
-        conf = flow.maintainer.session.conf
-        planned.append((conf.get("spark.sql.adaptive.enabled"), conf.get("spark.sql.shuffle.partitions")))
-        assert_same_rows(flow.table, spark_answer(env, SHAPES["aggregates"], {"t": sources.storage.read_snapshot(sources.t, time)}))
-    assert planned == [("true", CONF["spark.sql.shuffle.partitions"]), ("false", "1"), ("true", CONF["spark.sql.shuffle.partitions"])]
-    flow.maintainer.close()
+        # One dataflow from the first time (2 rows), one hydrated at the third (5 rows).
+        for name in ("early", "late") if start == 3 else ("early",):
+            flows.setdefault(name, Flow(env, name, SHAPES["aggregates"], strategy, {"t": reader}))
+        for name, flow in flows.items():
+            flow.step(time)
+            conf = flow.maintainer.session.conf
+            planned.append((name, conf.get("spark.sql.adaptive.enabled"), conf.get("spark.sql.shuffle.partitions")))
+            assert_same_rows(flow.table, spark_answer(env, SHAPES["aggregates"], {"t": sources.storage.read_snapshot(sources.t, time)}))
+    adaptive, whole = ("true", CONF["spark.sql.shuffle.partitions"]), ("false", "1")
+    if strategy == "incremental":
+        sizes = [("early", *whole), ("early", *whole), ("early", *whole), ("late", *adaptive), ("early", *adaptive), ("late", *adaptive)]
+    else:  # every step hydrates: small while the input is
+        sizes = [("early", *whole), ("early", *adaptive), ("early", *adaptive), ("late", *adaptive), ("early", *adaptive), ("late", *adaptive)]
+    assert planned == sizes
+    for flow in flows.values():
+        flow.maintainer.close()
 
 
 def test_steps_of_a_query_seen_before_compile_no_code(env):

@@ -217,9 +217,10 @@ def _native(desc: DataflowDescription, session: SparkSession, inputs: Mapping[st
 def _from_scratch(desc: DataflowDescription, plan: DeltaPlan, session: SparkSession, inputs: Mapping[str, Input]) -> Evaluate:
     """The delta plan hydrated afresh at every step: its first changes are the output,
     and its state is released once they were used."""
+    shuffle_partitions = session.conf.get("spark.sql.shuffle.partitions")  # before a step sizes them
 
     def evaluate(time: int) -> tuple[DataFrame, Callable[[], None]]:
-        scratch = Incremental(desc, plan, session, inputs)
+        scratch = Incremental(desc, plan, session, inputs, shuffle_partitions=shuffle_partitions)
         try:
             changes, _ = scratch.changes(time)
         except BaseException:
@@ -243,7 +244,15 @@ class Incremental(Maintainer):
 
     strategy = "incremental"
 
-    def __init__(self, desc: DataflowDescription, plan: DeltaPlan, session: SparkSession, inputs: Mapping[str, Input]) -> None:
+    def __init__(
+        self,
+        desc: DataflowDescription,
+        plan: DeltaPlan,
+        session: SparkSession,
+        inputs: Mapping[str, Input],
+        *,
+        shuffle_partitions: str | None = None,
+    ) -> None:
         self.desc, self.plan, self.session, self.inputs = desc, plan, session, inputs
         self.state = IncrementalDataflow(plan, session, desc.name)
         self.stages = _stages(desc, plan, session, inputs)
@@ -257,9 +266,10 @@ class Incremental(Maintainer):
         # What the step in progress reads of the bases (and its stages' steps): held
         # until its commit, or until the next step or `close` after one without.
         self._lease = Lease()
-        # The instance's: a dataflow's query is made before any step sets them
-        # (`_size_plans`, of that query only; a stage, remade by `restore`, never uses them).
-        self._shuffle_partitions = session.conf.get("spark.sql.shuffle.partitions")
+        # The instance's: a dataflow's query is made before any step sets them (unless
+        # given: a recompute makes one at every step), and so is a stage's, which never
+        # uses them (`_size_plans` is of the dataflow's query only).
+        self._shuffle_partitions = shuffle_partitions or session.conf.get("spark.sql.shuffle.partitions")
 
     @property
     def light(self) -> bool:
@@ -325,7 +335,7 @@ class Incremental(Maintainer):
         TPC-H's 17 lineitem steps after a 1,000-row change took 0.77x the JVM's CPU and
         0.82x the time planned whole (`bench/tpch_steps.py`). The result is the same
         either way: a delta plan's result does not depend on partitioning."""
-        small = self.last_time is not None and self._changed_rows(time) <= SMALL_STEP_MAX_ROWS
+        small = self._changed_rows(time) <= SMALL_STEP_MAX_ROWS
         conf = self.session.conf
         conf.set("spark.sql.adaptive.enabled", "false" if small else "true")
         conf.set("spark.sql.shuffle.partitions", "1" if small else self._shuffle_partitions)
@@ -334,14 +344,15 @@ class Incremental(Maintainer):
     def _changed_rows(self, time: int) -> int:
         """A bound on the input rows that changed since the last step: the updates of
         the storage batches in (last, time], and for each index read, both of its
-        versions' rows if it has a new one."""
-        assert self.last_time is not None
+        versions' rows if it has a new one. Before the first step (a hydration): the
+        updates through `time`, and each index's version at `time`."""
         rows = 0
         for source in self.inputs.values():
             if isinstance(source, StorageReader):
                 rows += source.change_rows(self.last_time, time)
             else:
-                new, old = source.version_at(time), source.version_at(self.last_time)
+                new = source.version_at(time)
+                old = None if self.last_time is None else source.version_at(self.last_time)
                 if new is not old:
                     rows += sum(version.table.num_rows for version in (new, old) if version is not None)
         return rows

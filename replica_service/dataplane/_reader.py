@@ -202,9 +202,10 @@ class StorageReader:
     def has_changes(self, after: int, through: int) -> bool:
         return bool(self.change_times(after, Frontier(through + 1)))
 
-    def change_rows(self, after: int, through: int) -> int:
-        """A bound on the updates in `(after, through]`: all the updates of the batches
-        that hold any (a batch may hold other times too)."""
+    def change_rows(self, after: int | None, through: int) -> int:
+        """A bound on the updates in `(after, through]` (through `through` if `after` is
+        None): all the updates of the batches that hold any (a batch may hold other
+        times too)."""
         with self._lock:
             return sum(b.rows for b in self._batches if _overlaps(b, after, through))
 
