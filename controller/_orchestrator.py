@@ -60,9 +60,9 @@ def size_of(name: str) -> Size:
 
 def _reap_group(pid: int, child: subprocess.Popen | None, grace_s: float, start: str | None = None) -> None:
     """Wait up to `grace_s` for process `pid` (reaping it if it is our child), then kill
-    what is left of its process group. Not if another process (not of `start`) has
-    the pid now: a pid that leads a live group is never given to a new process, so that
-    group is gone."""
+    what is left of its process group, unless the pid is now another process's than
+    the one of `start`: a pid that leads a live group is never given to a new process,
+    so that group is gone."""
     deadline = time.monotonic() + grace_s
     if child is not None:
         try:
@@ -71,7 +71,7 @@ def _reap_group(pid: int, child: subprocess.Popen | None, grace_s: float, start:
             pass
     while child is None and pid_alive(pid, start) and time.monotonic() < deadline:
         time.sleep(0.2)
-    if child is None and pid_alive(pid) and not pid_alive(pid, start):
+    if child is None and start is not None and pid_alive(pid) and process_start(pid) != start:
         return
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -96,8 +96,9 @@ def pid_alive(pid: int | None, start: str | None = None) -> bool:
 
 def process_start(pid: int) -> str | None:
     """What tells process `pid` from a later one given the same pid: the boot's id and
-    the process's start time in clock ticks since boot. None where the system does not
-    tell (no Linux /proc), or when no such process runs."""
+    the process's start time in clock ticks since boot (of 10 ms: processes of other
+    pids may share it). None where the system does not tell (no Linux /proc), or when
+    no such process runs."""
     fields = proc_stat(pid)
     try:
         with open("/proc/sys/kernel/random/boot_id") as boot:

@@ -178,6 +178,9 @@ def test_a_process_whose_controller_died_before_recording_its_address_is_killed_
 
 def test_a_process_is_told_from_a_later_one_given_the_same_pid(tmp_path: Path):
     first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    # Starts are clock ticks (10 ms): two processes of one tick have the same start.
+    # Never so for one pid: it is given again only after the whole pid space went round.
+    time.sleep(0.05)
     second = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
         start = process_start(first.pid)
