@@ -141,6 +141,7 @@ def test_a_steps_rows_changed_are_its_consolidated_changes_whichever_the_strateg
             flow.step(time)
     for strategy, flow in flows.items():
         assert list(flow.rows_changed.values()) == [2, 0, 2], strategy
+        flow.maintainer.close()
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
@@ -154,22 +155,29 @@ def test_a_dataflow_over_an_index_is_maintained_from_the_index_changes(env, sequ
     totals = Arrangement("totals", (), h.Frontier.minimum(), h.Frontier.minimum())
     upstream = None
     downstream: dict[str, Flow] = {}
-    for index, batch in enumerate(sequence):
-        time = sources.apply(batch)
-        reader.refresh(env["session"])
-        if upstream is None:
-            upstream = Flow(env, "totals", UPSTREAM, "incremental", {"t": reader})
-        totals.insert(Version.build(time, upstream.step(time), ()))
-        totals.upper = h.Frontier(time + 1)
-        if index == 0:
-            downstream = {(q, s): Flow(env, q, sql, s, {"totals": totals}) for q, sql in DOWNSTREAMS.items() for s in ("incremental", "recompute")}
-            assert downstream["stage", "incremental"].maintainer.stages, "the scalar subquery's aggregate is a stage"
-        versions = {key: f.step(time) for key, f in downstream.items()}
-        upstream_rows = spark_answer(env, UPSTREAM, {"t": storage.read_snapshot(sources.t, time)})
-        for query, sql in DOWNSTREAMS.items():
-            incremental, recomputed = downstream[query, "incremental"], downstream[query, "recompute"]
-            assert incremental.digests[time] == recomputed.digests[time], f"{query}: step {index}"
-            assert_same_rows(versions[query, "incremental"], spark_answer(env, sql, {"totals": upstream_rows}))
+    try:
+        for index, batch in enumerate(sequence):
+            time = sources.apply(batch)
+            reader.refresh(env["session"])
+            if upstream is None:
+                upstream = Flow(env, "totals", UPSTREAM, "incremental", {"t": reader})
+            totals.insert(Version.build(time, upstream.step(time), ()))
+            totals.upper = h.Frontier(time + 1)
+            if index == 0:
+                downstream = {(q, s): Flow(env, q, sql, s, {"totals": totals}) for q, sql in DOWNSTREAMS.items() for s in ("incremental", "recompute")}
+                assert downstream["stage", "incremental"].maintainer.stages, "the scalar subquery's aggregate is a stage"
+            versions = {key: f.step(time) for key, f in downstream.items()}
+            upstream_rows = spark_answer(env, UPSTREAM, {"t": storage.read_snapshot(sources.t, time)})
+            for query, sql in DOWNSTREAMS.items():
+                incremental, recomputed = downstream[query, "incremental"], downstream[query, "recompute"]
+                assert incremental.digests[time] == recomputed.digests[time], f"{query}: step {index}"
+                assert_same_rows(versions[query, "incremental"], spark_answer(env, sql, {"totals": upstream_rows}))
+            _spark.release_dropped_proxies()
+    finally:  # as `run_shape` does: each example's Spark state goes with it
+        for flow in [*downstream.values(), *([upstream] if upstream is not None else [])]:
+            flow.maintainer.close()
+        reader.close()
+        _spark.release_dropped_proxies()
 
 
 def test_a_term_joins_its_change_with_one_linked_input_at_a_time(env):
@@ -224,6 +232,8 @@ def test_an_incremental_step_is_light_once_hydrated_and_a_recomputed_one_never(e
         flow.step(time)
     assert flows["incremental"].maintainer.light
     assert not flows["recompute"].maintainer.light
+    for flow in flows.values():
+        flow.maintainer.close()
 
 
 @pytest.mark.parametrize("strategy", ["incremental", "recompute"])
