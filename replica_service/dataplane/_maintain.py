@@ -234,8 +234,9 @@ def _from_scratch(desc: DataflowDescription, plan: DeltaPlan, session: SparkSess
 # --- Incremental ---------------------------------------------------------------------
 
 
-# A step after hydration whose inputs changed by at most this many rows is planned
-# whole before it runs, with one partition per shuffle (`Incremental._size_plans`).
+# A step whose inputs changed by at most this many rows, or a hydration of at most this
+# many input rows, is planned whole before it runs, with one partition per shuffle
+# (`Incremental._size_plans`).
 SMALL_STEP_MAX_ROWS = 100_000
 
 
@@ -325,12 +326,13 @@ class Incremental(Maintainer):
         share it; the step's plans are made from here on, on this thread), and return
         whether the step is small (its stages' steps are as well).
 
-        A small step (after hydration, at most SMALL_STEP_MAX_ROWS changed input rows)
-        is planned whole, before it runs, with one partition per shuffle: its rows fit
-        one task, and adaptive execution would run each shuffle and broadcast as a job
-        of its own and plan the rest again after each. A hydration, or a large change,
-        is executed adaptively over the instance's shuffle partitions: Spark sizes them
-        to the data, and turns joins of what came out small into broadcasts.
+        A small step (at most SMALL_STEP_MAX_ROWS changed input rows after hydration, or
+        input rows for a hydration) is planned whole, before it runs, with one partition
+        per shuffle: its rows fit one task, and adaptive execution would run each
+        shuffle and broadcast as a job of its own and plan the rest again after each. A
+        larger hydration or change is executed adaptively over the instance's shuffle
+        partitions: Spark sizes them to the data, and turns joins of what came out
+        small into broadcasts.
 
         TPC-H's 17 lineitem steps after a 1,000-row change took 0.77x the JVM's CPU and
         0.82x the time planned whole (`bench/tpch_steps.py`). The result is the same
