@@ -62,7 +62,8 @@ def _reap_group(pid: int, child: subprocess.Popen | None, grace_s: float, start:
     """Wait up to `grace_s` for process `pid` (reaping it if it is our child), then kill
     what is left of its process group, unless the pid is now another process's than
     the one of `start`: a pid that leads a live group is never given to a new process,
-    so that group is gone."""
+    so that group is gone. (With no process of that pid at all, its group may still
+    have members: they are killed.)"""
     deadline = time.monotonic() + grace_s
     if child is not None:
         try:
@@ -71,7 +72,7 @@ def _reap_group(pid: int, child: subprocess.Popen | None, grace_s: float, start:
             pass
     while child is None and pid_alive(pid, start) and time.monotonic() < deadline:
         time.sleep(0.2)
-    if child is None and start is not None and pid_alive(pid) and process_start(pid) != start:
+    if child is None and start is not None and process_start(pid) not in (None, start):
         return
     try:
         os.killpg(pid, signal.SIGKILL)

@@ -196,6 +196,24 @@ def test_a_process_is_told_from_a_later_one_given_the_same_pid(tmp_path: Path):
     assert process_start(first.pid) is None and not pid_alive(first.pid, start)
 
 
+def test_the_group_of_a_recorded_process_that_is_gone_is_still_killed(tmp_path: Path):
+    """A replica gone but for its JVM (a member of its group): the group is killed,
+    though no process has the pid now to match the recorded start."""
+    leader = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time; print(subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']).pid, flush=True)"],
+        stdout=subprocess.PIPE, start_new_session=True,
+    )
+    start = process_start(leader.pid)
+    member = int(leader.stdout.readline())
+    leader.wait()  # reaped: the pid leads no process, only the group
+    assert running(member) and process_start(leader.pid) is None
+    _orchestrator._reap_group(leader.pid, None, 0.0, start)
+    deadline = time.monotonic() + 10
+    while running(member) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running(member)
+
+
 def test_a_recorded_pid_that_another_process_was_given_is_neither_the_replica_nor_signalled(
     orchestrator: Orchestrator, controller: Catalog, catalog_url: str, tmp_path: Path, monkeypatch
 ):
