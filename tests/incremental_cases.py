@@ -9,7 +9,7 @@ the default)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from decimal import Decimal
 from pathlib import Path
@@ -193,11 +193,17 @@ def run_shape(env, name: str, sql: str, sequence, expected_sql: str) -> None:
             # its Dataset, plans and all, in the JVM until a cyclic collection.
             _spark.release_dropped_proxies()
     finally:
-        for flow in [*flows.values(), *([late] if late is not None else [])]:
-            flow.maintainer.close()
-        for reader in readers.values():
-            reader.close()
-        _spark.release_dropped_proxies()
+        release([*flows.values(), *([late] if late is not None else [])], readers.values())
+
+
+def release(flows: Iterable[Flow], readers: Iterable[StorageReader]) -> None:
+    """Close an example's dataflows and readers, and collect the proxies they dropped:
+    the module's JVM keeps none of its Spark state (checkpoints, persisted snapshots)."""
+    for flow in flows:
+        flow.maintainer.close()
+    for reader in readers:
+        reader.close()
+    _spark.release_dropped_proxies()
 
 
 def spark_answer(env, sql: str, tables: dict[str, pa.Table]) -> pa.Table:

@@ -34,6 +34,7 @@ from incremental_cases import (
     Flow,
     Sources,
     check_shape,
+    release,
     sequences,
     spark_answer,
     spark_env,
@@ -173,11 +174,8 @@ def test_a_dataflow_over_an_index_is_maintained_from_the_index_changes(env, sequ
                 assert incremental.digests[time] == recomputed.digests[time], f"{query}: step {index}"
                 assert_same_rows(versions[query, "incremental"], spark_answer(env, sql, {"totals": upstream_rows}))
             _spark.release_dropped_proxies()
-    finally:  # as `run_shape` does: each example's Spark state goes with it
-        for flow in [*downstream.values(), *([upstream] if upstream is not None else [])]:
-            flow.maintainer.close()
-        reader.close()
-        _spark.release_dropped_proxies()
+    finally:
+        release([*downstream.values(), *([upstream] if upstream is not None else [])], [reader])
 
 
 def test_a_term_joins_its_change_with_one_linked_input_at_a_time(env):
