@@ -1276,13 +1276,15 @@ class ComputeInstance:
     def _forward_input_holds(self, key: str, dataflow: DataflowState, dirty_collections: dict[str, None]) -> list[Effect]:
         """A dataflow holds its inputs at the since its replicas may compact it to (the
         recorded one: a replica replaying the history starts there), and each replica
-        holds them at its own write frontier, so a replica that lags can still read what
-        it needs. An index input whose hold moved is marked in `dirty_collections`."""
+        holds them at the last time it computed (its write frontier less one), so a
+        replica that lags can still read what it needs: an incremental step at t after
+        t' reads its inputs as of t' too (a join's other sides as they were). An index
+        input whose hold moved is marked in `dirty_collections`."""
         hold = meet_all(self.collections[id].compaction_allowed for id in dataflow.export_ids)
         for replica in self.replicas.values():
             for id in dataflow.export_ids:
                 if id in replica.frontiers:
-                    hold = hold.meet(replica.frontiers[id])
+                    hold = hold.meet(replica.frontiers[id].step_back(1))
                 elif replica.session is not None:
                     # Not reported yet, by a live session or one that may resume: it
                     # starts at the as_of it was given (a resume's suffix gives the

@@ -333,21 +333,21 @@ def test_a_failed_replica_holds_its_inputs_until_its_resume_offer_expires():
     instance.create_dataflow(dataflow("u2", as_of=100))
     report(instance, "r1", "u2", 200)
     report(instance, "r2", "u2", 500)
-    assert instance.dataflows["u2"].input_holds["u1"] == Frontier(200)  # r1 lags
+    assert instance.dataflows["u2"].input_holds["u1"] == Frontier(199)  # r1 lags: its next step reads u1 as of 199
 
     instance.tick(1_000)
     instance.replica_failed("r1", 1, "stream broken")  # detached at 1000
     report(instance, "r2", "u2", 600)
-    # Its session may resume at 200 and read its inputs from there: they stay held, even
+    # Its session may resume at 200 and read its inputs from 199: they stay held, even
     # as new incarnations fail before answering Hello (and back off: 500 ms, then 1 s).
     assert instance.tick(1_400) == []
     effects = instance.replica_failed("r1", 2, "no answer to Hello within 10 s")
-    assert storage_holds(effects) == [] and instance.dataflows["u2"].input_holds["u1"] == Frontier(200)
+    assert storage_holds(effects) == [] and instance.dataflows["u2"].input_holds["u1"] == Frontier(199)
     assert instance.tick(1_899) == []
     (connect_3,) = instance.tick(1_900)
     assert connect_3.resume.nonce == "r1-1"  # still offering the session
     effects = instance.replica_failed("r1", 3, "no answer to Hello within 10 s")  # waits until 2900
-    assert storage_holds(effects) == [] and instance.dataflows["u2"].input_holds["u1"] == Frontier(200)
+    assert storage_holds(effects) == [] and instance.dataflows["u2"].input_holds["u1"] == Frontier(199)
     assert instance.tick(2_000) == []  # exactly the timeout since it detached
 
     effects = instance.tick(2_001)
@@ -750,7 +750,7 @@ def test_input_holds_wait_for_a_new_replica_to_report():
     assert all(hold <= Frontier(857) for hold in storage_holds(effects))  # ... the input does not
     assert instance.dataflows["u2"].input_holds["u1"] == Frontier(857)
     assert storage_holds(report(instance, "r2", "u2", 857)) == []  # r2 starts at its as_of
-    assert storage_holds(report(instance, "r2", "u2", 900)) == [Frontier(900)]
+    assert storage_holds(report(instance, "r2", "u2", 900)) == [Frontier(899)]
 
 
 def test_a_replica_is_hydrated_only_once_past_the_as_of_it_was_given():
@@ -822,9 +822,9 @@ def test_an_upstream_since_follows_a_forwarded_input_hold_in_the_same_step():
     for name, time in (("r1", 100), ("r2", 100)):
         report(instance, name, "u2", time)
     report(instance, "r1", "u3", 100)
-    report(instance, "r2", "u3", 50)  # r2 lags: it still reads u2 from 50
+    report(instance, "r2", "u3", 50)  # r2 lags: its next step reads u2 as of 49
     assert instance.collections["u3"].since == Frontier(99)
-    assert instance.collections["u2"].since == Frontier(50)
+    assert instance.collections["u2"].since == Frontier(49)
 
     effects = report(instance, "r2", "u3", 100)  # since(u3) stays; the hold on u2 moves
 
@@ -1067,7 +1067,7 @@ def test_a_replica_held_back_too_far_is_evicted_from_the_holds_and_rehydrated():
     report(instance, "r2", "u2", 200)
     for time in range(300, 1_300, 100):  # r2 stays at 200
         report(instance, "r1", "u2", time)
-        assert instance.dataflows["u2"].input_holds["u1"] == Frontier(200)
+        assert instance.dataflows["u2"].input_holds["u1"] == Frontier(199)
         assert instance.tick(time) == []  # within the bound: it holds them
     effects = recorded(instance, report(instance, "r1", "u2", 1_201) + instance.tick(1_201))
 
