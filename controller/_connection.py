@@ -50,6 +50,7 @@ class ReplicaConnection:
     on_response: Callable[[ComputeResponse], None]
     on_failure: Callable[[str], None]
     security: ServerSecurity = ServerSecurity()  # TLS and the token towards replicas
+    costliest_first: bool = False  # the order of the replica's waiting steps (`Hello`)
     commands: asyncio.Queue[ComputeCommand] = field(default_factory=asyncio.Queue)
     nonce: str = field(default_factory=lambda: uuid.uuid4().hex)
     task: asyncio.Task | None = None
@@ -92,7 +93,7 @@ class ReplicaConnection:
                         await channel.close()
                         raise ConnectFailed(f"{address}: {e!r}") from None
             call = compute_pb2_grpc.ComputeReplicaStub(channel).CommandStream(metadata=self.security.metadata)
-            await call.write(command_to_proto(Hello(self.controller_epoch, self.nonce, self.resume)))
+            await call.write(command_to_proto(Hello(self.controller_epoch, self.nonce, self.resume, self.costliest_first)))
             answer = await self._handshake(call)
             if isinstance(answer, str):
                 reason = answer

@@ -211,6 +211,7 @@ class InstanceDriver:
             epoch=epoch,
             controller_epoch=self.controller_epoch,
             resume=effect.resume,
+            costliest_first=effect.costliest_first,
             failures=effect.failures,
             resolve_address=lambda attempt: self._resolve_address(name, attempt),
             on_connected=lambda nonce, ack: self.post(

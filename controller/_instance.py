@@ -96,12 +96,14 @@ class Connect:
     offering to `resume` its session, and report `replica_connected` with the replica's
     answer to the `Hello`. `failures` counts the replica's incarnations that failed in a
     row before this one: the connection numbers its attempts on from there, so that a
-    process that keeps failing is replaced (see `runtime._replica_address`)."""
+    process that keeps failing is replaced (see `runtime._replica_address`).
+    `costliest_first`: the order in which the replica takes its waiting steps (`Hello`)."""
 
     replica: str
     epoch: int
     resume: Resume | None = None
     failures: int = 0
+    costliest_first: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -447,7 +449,7 @@ class ComputeInstance:
         if name in self.replicas:
             raise InstanceError("ALREADY_EXISTS", f"replica {name!r} already exists in instance {self.config.name!r}")
         self.replicas[name] = ReplicaState(name, last_heard_ms=self.now_ms)
-        return [Connect(name, 1)]
+        return [Connect(name, 1, costliest_first=self._costliest_first(name))]
 
     def check_drop_replica(self, name: str, *, force: bool = False) -> None:
         """Raise unless `drop_replica(name, force=force)` would be accepted: unforced, an
@@ -1170,8 +1172,23 @@ class ComputeInstance:
                 replica.epoch += 1
                 replica.phase = "connecting"
                 replica.last_heard_ms = self.now_ms
-                effects.append(Connect(replica.name, replica.epoch, self._resume_offer(replica), replica.consecutive_failures))
+                effects.append(
+                    Connect(
+                        replica.name,
+                        replica.epoch,
+                        self._resume_offer(replica),
+                        replica.consecutive_failures,
+                        self._costliest_first(replica.name),
+                    )
+                )
         return effects
+
+    def _costliest_first(self, name: str) -> bool:
+        """Whether `name` takes its waiting steps costliest first: every other replica,
+        in the order they were added, so that two replicas take opposite orders and the
+        first answer to each dataflow comes from whichever reaches it first. (A replica
+        keeps its order until it connects again, even when others are dropped.)"""
+        return list(self.replicas).index(name) % 2 == 1
 
     def _resume_offer(self, replica: ReplicaState) -> Resume | None:
         """Resume the replica's session if it received every command before the history's

@@ -251,11 +251,17 @@ class Hello:
     how many commands that session has received, so that the controller sends only the
     rest (near-horizon rehydration). Without `resume`, or when the replica cannot
     resume, a new session starts and the controller replays the reduced history.
+
+    `costliest_first`: the order in which the replica takes the steps waiting for its
+    workers (else the cheapest first). Not a command's meaning, only its timing: the
+    controller has replicas of an instance take alternate orders, so that the first
+    answer to each dataflow comes sooner (`replica_service._step_pool`).
     """
 
     controller_epoch: int
     nonce: str
     resume: Resume | None = None
+    costliest_first: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -384,6 +384,7 @@ def _hello_to_proto(hello: h.Hello) -> pb.Hello:
         resume=None
         if resume is None
         else pb.Resume(nonce=resume.nonce, min_applied=_count(resume.min_applied, "min_applied")),
+        costliest_first=hello.costliest_first,
     )
 
 
@@ -392,7 +393,7 @@ def _hello_from_proto(message: pb.Hello) -> h.Hello:
     if message.HasField("resume"):
         m = message.resume
         resume = h.Resume(m.nonce, _count(m.min_applied, "min_applied"))
-    return h.Hello(message.controller_epoch, message.nonce, resume)
+    return h.Hello(message.controller_epoch, message.nonce, resume, message.costliest_first)
 
 
 _COMMAND_ENCODERS: _Encoders = {

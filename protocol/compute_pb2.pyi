@@ -227,14 +227,16 @@ class Resume(_message.Message):
     def __init__(self, nonce: _Optional[str] = ..., min_applied: _Optional[int] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("controller_epoch", "nonce", "resume")
+    __slots__ = ("controller_epoch", "nonce", "resume", "costliest_first")
     CONTROLLER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
+    COSTLIEST_FIRST_FIELD_NUMBER: _ClassVar[int]
     controller_epoch: int
     nonce: str
     resume: Resume
-    def __init__(self, controller_epoch: _Optional[int] = ..., nonce: _Optional[str] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ...) -> None: ...
+    costliest_first: bool
+    def __init__(self, controller_epoch: _Optional[int] = ..., nonce: _Optional[str] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ..., costliest_first: _Optional[bool] = ...) -> None: ...
 
 class CreateInstance(_message.Message):
     __slots__ = ("config",)

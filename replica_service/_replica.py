@@ -2,13 +2,14 @@
 
 All state lives in one `Replica` and is touched only on the event loop. Blocking work
 (Spark, the catalog) runs on worker threads: two pools of step workers, so steps of
-different dataflows run at once where Spark has room. Light steps (an incremental
-dataflow's, past hydration: they read the changes) have workers of their own and share
-a FAIR scheduler pool whose tasks take a free core first, so a long hydration or
-recompute does not hold them back, not even in a queue; hydrations and recomputes run
-each in a FAIR scheduler pool of the dataflow's own. One worker runs SQL peeks, so they
-are not queued behind a long step; a few do storage I/O. Peeks on an index are answered
-on the loop from the arrangement, while dataflows compute. How a step computes (reading
+different dataflows run at once where Spark has room, taken in the order of cost the
+controller asks for (`_step_pool`). Light steps (an incremental dataflow's, past
+hydration: they read the changes) have workers of their own and share a FAIR scheduler
+pool whose tasks take a free core first, so a long hydration or recompute does not hold
+them back, not even in a queue; hydrations and recomputes run each in a FAIR scheduler
+pool of the dataflow's own. One worker runs SQL peeks, so they are not queued behind a
+long step; a few do storage I/O. Peeks on an index are answered on the loop from the
+arrangement, while dataflows compute. How a step computes (reading
 storage, incremental state, writing materialized views) is the data plane's
 (`replica_service.dataplane`).
 
@@ -88,6 +89,7 @@ from replica_service._arrangement import Arrangement, Version, canonical_sort, c
 from replica_service._crashes import CrashRecord
 from replica_service._dataflow import Dataflow
 from replica_service._metrics import ReplicaMetrics
+from replica_service._step_pool import StepPool
 from replica_service.dataplane import SinkWriter, StorageReader, maintainer
 from storage import NegativeCount, Storage
 
@@ -220,8 +222,8 @@ class Replica:
         self.dataflows_built = 0
         self.heartbeats = 0
         self.metrics = ReplicaMetrics(self)
-        self._step_pool = ThreadPoolExecutor(STEP_WORKERS, thread_name_prefix="step")
-        self._light_step_pool = ThreadPoolExecutor(STEP_WORKERS, thread_name_prefix="light-step")
+        self._step_pool = StepPool(STEP_WORKERS, thread_name_prefix="step")
+        self._light_step_pool = StepPool(STEP_WORKERS, thread_name_prefix="light-step")
         self._peek_pool = ThreadPoolExecutor(1, thread_name_prefix="sql-peek")
         self._io_pool = ThreadPoolExecutor(4, thread_name_prefix="storage")
         self._session = session  # started before the gRPC server: see __main__
@@ -253,7 +255,8 @@ class Replica:
 
         Its outbox starts with the `HelloAck`; for a resumed, initialized session, then a
         `FrontiersResponse` for every live export; heartbeats and everything else follow. Raises `Refused` for an epoch below
-        the highest seen: a stale controller.
+        the highest seen: a stale controller. The step pools take waiting steps in the
+        order `hello` asks from now on.
         """
         if hello.controller_epoch < self.highest_epoch:
             raise Refused(
@@ -264,6 +267,8 @@ class Replica:
                 )
             )
         self.highest_epoch = hello.controller_epoch
+        for pool in (self._step_pool, self._light_step_pool):
+            pool.cheapest_first = not hello.costliest_first
         old = self.connection
         why_not = self._why_not_resume(hello)
         if why_not is None:
@@ -640,7 +645,8 @@ class Replica:
         group = dataflow.job_group = _spark.step_job_group(dataflow.id, time)
         try:
             pool = self._light_step_pool if dataflow.light else self._step_pool
-            dataflow.stepping = pool.submit(self._compute, dataflow, session, time, group, previous, sink_upper)
+            # Ordered by cost (`StepPool`): the last step's time is the best guess.
+            dataflow.stepping = pool.submit_costed(dataflow.last_step_ms, self._compute, dataflow, session, time, group, previous, sink_upper)
             rows, changed, started = await asyncio.wrap_future(dataflow.stepping)
         except asyncio.CancelledError:
             # Dropped (or the replica stops): its Spark jobs stop too, and later ones of

@@ -65,7 +65,7 @@ dataflows = st.builds(
 targets = st.builds(h.IndexTarget, ids) | st.builds(h.SqlTarget, texts, _tuples(imports))
 
 COMMANDS: dict[type, st.SearchStrategy] = {
-    h.Hello: st.builds(h.Hello, int64s, texts, st.none() | st.builds(h.Resume, texts, counts)),
+    h.Hello: st.builds(h.Hello, int64s, texts, st.none() | st.builds(h.Resume, texts, counts), st.booleans()),
     h.CreateInstance: st.builds(
         h.CreateInstance, st.builds(h.InstanceConfig.of, texts, st.dictionaries(texts, texts))
     ),

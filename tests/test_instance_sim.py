@@ -103,7 +103,8 @@ def connect(instance: ComputeInstance, name: str) -> tuple[ComputeCommand, ...]:
     """Add replica `name` (if new) and open its connection as a new session; the replayed
     commands."""
     if name not in instance.replicas:
-        assert instance.add_replica(name) == [Connect(name, 1)]
+        every_other = len(instance.replicas) % 2 == 1
+        assert instance.add_replica(name) == [Connect(name, 1, costliest_first=every_other)]
     epoch = instance.replicas[name].epoch
     (send,) = instance.replica_connected(name, epoch, f"{name}-{epoch}")
     assert isinstance(send, Send) and (send.replica, send.epoch) == (name, epoch)
@@ -1351,3 +1352,16 @@ def test_a_replica_that_loses_every_race_by_far_for_a_while_is_slow():
     effects = instance.tick(1_200)
     assert Disconnect("r2", 1) in effects and instance.replicas["r2"].session is None
     assert "slow: it lost every read for 1000 ms" in instance.replicas["r2"].last_failure
+
+
+def test_replicas_take_their_waiting_steps_in_alternate_orders_and_keep_theirs_when_reconnected():
+    """Two replicas take opposite orders (the first answer to each dataflow then comes
+    from whichever reaches it first); a replica's next incarnation keeps its order."""
+    instance = new_instance()
+    orders = {name: instance.add_replica(name)[0].costliest_first for name in ("r1", "r2", "r3")}
+    assert orders == {"r1": False, "r2": True, "r3": False}
+    for name in orders:
+        connect(instance, name)
+    effects = instance.replica_failed("r2", 1, "stream broken") + instance.tick(10_000)
+    (reconnect,) = [e for e in effects if isinstance(e, Connect)]
+    assert (reconnect.replica, reconnect.epoch, reconnect.costliest_first) == ("r2", 2, True)

@@ -3,6 +3,7 @@ Arrow side of index changes, and the checks of a `spark://` master before Spark 
 
 from __future__ import annotations
 
+import asyncio
 import random
 import socket
 from types import SimpleNamespace
@@ -208,3 +209,22 @@ def test_a_reader_reads_its_manifest_again_when_its_upper_moves_and_when_it_is_o
     }
     uppers = {"moved": h.Frontier(6), "fresh": h.Frontier(5), "idle": h.Frontier(5), "sealed": h.Frontier.empty(), "unread": h.Frontier(9)}
     assert manifests_due(readers, uppers, now) == ({"moved"}, {"idle", "sealed"})
+
+
+def test_a_hello_sets_the_order_in_which_the_step_pools_take_waiting_steps(tmp_path):
+    from replica_service._replica import Replica
+
+    async def orders() -> list[tuple[bool, bool]]:
+        replica = Replica(None, None, tmp_path, None)
+        seen = []
+        try:
+            for epoch, costliest_first in ((1, True), (2, False)):
+                replica.connect(h.Hello(epoch, f"n{epoch}", costliest_first=costliest_first))
+                seen.append((replica._step_pool.cheapest_first, replica._light_step_pool.cheapest_first))
+        finally:
+            replica.connection.close()
+            for pool in (replica._step_pool, replica._light_step_pool, replica._peek_pool, replica._io_pool):
+                pool.shutdown(wait=False)
+        return seen
+
+    assert asyncio.run(orders()) == [(False, False), (True, True)]
