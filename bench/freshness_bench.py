@@ -29,8 +29,11 @@ TPC-H: the 22 standard queries (or those `--tpch-queries` names) at `--tpch-sf` 
 `small` replicas, each as a dataflow with an index; after a 1,000-row change to
 `lineitem` (half retractions), the time until each answers at the change's timestamp.
 `--tpch-changes N` makes N changes one after the other, the change and its undo in
-turn (each waits for every answer to the one before): a step that grows with the number
-of changes shows. `--tpch-strategies auto,recompute` runs the whole of it twice, once
+turn: a step that grows with the number of changes shows. Each change is made once both
+replicas have computed the one before (the goal is of a change, not of changes coming
+faster than the replicas compute them), and the time until both have is printed too:
+each answer is the first replica's, and the replicas take waiting steps in opposite
+orders of cost (`replica_service._step_pool`). `--tpch-strategies auto,recompute` runs the whole of it twice, once
 with every query forced to recompute, and prints the two side by side.
 """
 
@@ -212,7 +215,9 @@ def tpch(root: Path, sf: float, names: list[str], strategy: str = "auto", change
         lineitem_undo = lineitem_change.set_column(lineitem_change.schema.get_field_index(diff), diff, pc.negate(lineitem_change[diff]))
         results: dict[str, list[float]] = {name: [] for name in queries}
         answers: dict[str, pa.Table] = {}
+        changed = [name for name, sql in queries.items() if "lineitem" in sql]
         for number in range(changes):
+            steps = _steps(client, changed)
             started = time.monotonic()
             client.append("lineitem", lineitem_undo if number % 2 else lineitem_change)
 
@@ -228,13 +233,22 @@ def tpch(root: Path, sf: float, names: list[str], strategy: str = "auto", change
                 thread.start()
             for thread in threads:
                 thread.join()
-            log(f"change {number + 1} of {changes}: all {len(queries)} answered after {max(r[-1] for r in results.values()):.1f} s")
+            answered = max(r[-1] for r in results.values())
+            wait_until(lambda: all(now > steps[key] for key, now in _steps(client, changed).items()), 3600, "both replicas' steps")
+            log(f"change {number + 1} of {changes}: all {len(queries)} answered after {answered:.1f} s, both replicas done after {time.monotonic() - started:.1f} s")
     # Spark's own answers over the tables after the last change, after the replicas stopped.
     session = benchmark._spark_session(root / "check")
     benchmark._register(session, benchmark.apply_change(tables, lineitem_change) if changes % 2 else tables)
     same = {name: _rows(answers[name]) == _rows(benchmark._run(session, name)[0]) for name in queries}
     session.stop()
     return [(name, strategies[name], results[name], same[name]) for name in queries]
+
+
+def _steps(client, names: list[str]) -> dict[tuple[str, str], int]:
+    """The steps each replica has computed of each dataflow of `names`, by (replica,
+    dataflow), as their last status reports (every heartbeat: 500 ms by default)."""
+    replicas = client.status("tpch")[0].replicas
+    return {(r.name, name): r.dataflows[name].steps for r in replicas for name in names}
 
 
 def _rows(table: pa.Table) -> list[tuple]:
