@@ -234,7 +234,7 @@ def tpch(root: Path, sf: float, names: list[str], strategy: str = "auto", change
             for thread in threads:
                 thread.join()
             answered = max(r[-1] for r in results.values())
-            wait_until(lambda: all(now > steps[key] for key, now in _steps(client, changed).items()), 3600, "both replicas' steps")
+            wait_until(lambda before=steps: all(now > before[key] for key, now in _steps(client, changed).items()), 3600, "both replicas' steps")
             log(f"change {number + 1} of {changes}: all {len(queries)} answered after {answered:.1f} s, both replicas done after {time.monotonic() - started:.1f} s")
     # Spark's own answers over the tables after the last change, after the replicas stopped.
     session = benchmark._spark_session(root / "check")

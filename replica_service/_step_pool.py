@@ -24,8 +24,9 @@ import heapq
 import itertools
 import math
 import threading
+from collections.abc import Callable
 from concurrent.futures import Executor, Future
-from typing import Any, Callable
+from typing import Any
 
 _Work = tuple[float, int, Future, Callable[[], Any]]  # rank, order of submission, ...
 
