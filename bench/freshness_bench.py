@@ -33,8 +33,9 @@ turn: a step that grows with the number of changes shows. Each change is made on
 replicas have computed the one before (the goal is of a change, not of changes coming
 faster than the replicas compute them), and the time until both have is printed too:
 each answer is the first replica's, and the replicas take waiting steps in opposite
-orders of cost (`replica_service._step_pool`). `--tpch-strategies auto,recompute` runs the whole of it twice, once
-with every query forced to recompute, and prints the two side by side.
+orders of cost (`replica_service._step_pool`). `--tpch-strategies auto,recompute` runs
+the whole of it twice, once with every query forced to recompute, and prints the two
+side by side.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ pool whose tasks take a free core first, so a long hydration or recompute does n
 them back, not even in a queue; hydrations and recomputes run each in a FAIR scheduler
 pool of the dataflow's own. One worker runs SQL peeks, so they are not queued behind a
 long step; a few do storage I/O. Peeks on an index are answered on the loop from the
-arrangement, while dataflows compute. How a step computes (reading
-storage, incremental state, writing materialized views) is the data plane's
+arrangement, while dataflows compute. How a step computes (reading storage,
+incremental state, writing materialized views) is the data plane's
 (`replica_service.dataplane`).
 
 Connection lifecycle: a session is what one controller epoch sent since an opening

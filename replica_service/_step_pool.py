@@ -6,9 +6,10 @@ time the replica needs for all of them. Replicas of an instance compute the same
 and the first answer wins, so they do better taking them in different orders: one the
 cheapest first (most dataflows answer soonest), another the costliest first (the one
 that would answer last starts first). Together, each step is answered by the replica
-that reaches it first, so all are answered in about half the time either replica takes
-for all of them (`bench/RESULTS.md`). The controller says which order a replica takes
-(`Hello.costliest_first`: alternate replicas of an instance take alternate orders).
+that reaches it first: ideally all in about half the time either replica takes for all
+of them, less on replicas that share cores (`bench/RESULTS.md`: the mean answer 8-13%
+sooner). The controller says which order a replica takes (`Hello.costliest_first`:
+alternate replicas of an instance take alternate orders).
 
 A step's cost is unknown until it ran, so the pool is told the last one's
 (`submit_costed`). Ordered by cost alone, a stream of cheap steps could keep a costly one
