@@ -47,7 +47,7 @@ Checks (`Simulation.check()`, after every call into the instance; a failure rais
 W, every replica's reported frontier and every since never regress (sinces across
 controller restarts too); every since equals the meet of its holds; an input's since (or
 storage hold) never passes the write frontier an active replica reported for a dataflow
-reading it; the history stays within twice the live bound at the last reduction, and its
+reading it, nor the last time that replica computed it (its next step reads there too); the history stays within twice the live bound at the last reduction, and its
 reduction within `3 + pending peeks + open subscriptions + sum over dataflows of (1 +
 exports)`; health is one of healthy/degraded/unavailable; a replica called hydrated has computed every live
 dataflow; no replica ever computes from an over-compacted input or refuses a peek; every
@@ -1607,17 +1607,19 @@ class Simulation:
 
     def _check_input_holds(self) -> None:
         """An input's since never passes the write frontier any active replica reported
-        for a dataflow reading it (a lagging replica must still read what it needs)."""
+        for a dataflow reading it, nor, once that replica computed the dataflow, the last
+        time it computed (its frontier less one): an incremental step reads its inputs as
+        of that time too. A lagging replica must still read what it needs."""
         instance = self.instance
-        active = [r.frontiers for r in instance.replicas.values() if r.phase == "active"]
+        active = [r for r in instance.replicas.values() if r.phase == "active"]
         for key, dataflow in instance.dataflows.items():
             desc = dataflow.desc
             lowest = _INFINITY
-            for frontiers in active:
+            for replica in active:
                 for export in desc.index_exports:
-                    frontier = frontiers.get(export.id)
+                    frontier = replica.frontiers.get(export.id)
                     if frontier is not None:
-                        lowest = min(lowest, _key(frontier))
+                        lowest = min(lowest, _key(frontier), self._last_read(replica.name, key))
             if lowest == _INFINITY:
                 continue
             for source in desc.imports:
@@ -1629,8 +1631,19 @@ class Simulation:
                 if hold is not None and _key(hold) > lowest:
                     self.fail(
                         f"input {source.id} of {key} is held at {hold}, "
-                        f"past a replica's write frontier {lowest}"
+                        f"past {lowest}, where a replica reads it (its write frontier, or the last time it computed)"
                     )
+
+    def _last_read(self, replica: str, key: str) -> float:
+        """The earliest time at which `replica`'s next step of dataflow `key` reads its
+        inputs: its as_of until it computed, then the last time it computed (its frontier
+        less one); infinite when it does not run the dataflow."""
+        run = self.replicas[replica].running.get(key) if replica in self.replicas else None
+        if run is None or run.frontier.is_empty:
+            return _INFINITY
+        if run.last_computed is None:
+            return run.as_of
+        return max(run.as_of, run.frontier.time - 1)
 
     def _check_hydration(self) -> None:
         """A replica the instance calls hydrated has computed every live dataflow."""
