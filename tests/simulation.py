@@ -47,7 +47,8 @@ Checks (`Simulation.check()`, after every call into the instance; a failure rais
 W, every replica's reported frontier and every since never regress (sinces across
 controller restarts too); every since equals the meet of its holds; an input's since (or
 storage hold) never passes the write frontier an active replica reported for a dataflow
-reading it, nor the last time that replica computed it (its next step reads there too); the history stays within twice the live bound at the last reduction, and its
+reading it, nor the last time that replica computed it (its next step reads there
+too); the history stays within twice the live bound at the last reduction, and its
 reduction within `3 + pending peeks + open subscriptions + sum over dataflows of (1 +
 exports)`; health is one of healthy/degraded/unavailable; a replica called hydrated has computed every live
 dataflow; no replica ever computes from an over-compacted input or refuses a peek; every
