@@ -59,6 +59,22 @@ class ReplicaProcess:
         self.address: str = ready["address"]
         self.pid: int = ready["pid"]
 
+    def exit_code(self, timeout: float) -> int:
+        """The process's exit code once it has exited by itself within `timeout`; else it
+        is killed, and the test fails with the end of its log, which says why it lived on."""
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"the replica did not exit within {timeout} s; its log ends:\n{self.log_tail()}") from None
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last `lines` lines of the log that are not stack traces (indented)."""
+        if self.log_path is None:
+            return "(no log kept)"
+        kept = [line for line in self.log_path.read_text(errors="replace").splitlines() if line and not line[0].isspace()]
+        return "\n".join(kept[-lines:])
+
     def kill(self) -> None:
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)

@@ -564,7 +564,7 @@ def test_a_dataflow_that_kills_the_jvm_is_refused_after_two_deaths_not_looped(en
         replica = ReplicaProcess(env["url"], env["root"] / "blobs", log_path=tmp_path / f"eater-{death}.log", args=("--crash-file", str(crash_file)))
         controller = Controller(replica.address, env["config"])
         controller.send(h.CreateDataflow(desc), h.Schedule(desc.export_ids[0]))
-        assert replica.process.wait(timeout=180) == 70, f"incarnation {death} should die with its JVM"
+        assert replica.exit_code(timeout=180) == 70, f"incarnation {death} should die with its JVM"
         controller.client.close()
         recorded = json.loads(crash_file.read_text())["dataflows"][desc.export_ids[0]]
         assert recorded["deaths"] == death and "OutOfMemoryError" in recorded["cause"]
