@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -645,8 +646,10 @@ class Replica:
         group = dataflow.job_group = _spark.step_job_group(dataflow.id, time)
         try:
             pool = self._light_step_pool if dataflow.light else self._step_pool
-            # Ordered by cost (`StepPool`): the last step's time is the best guess.
-            dataflow.stepping = pool.submit_costed(dataflow.last_step_ms, self._compute, dataflow, session, time, group, previous, sink_upper)
+            # Ordered by cost (`StepPool`): the last step's time is the best guess; before
+            # the first (a hydration, a pass over whole snapshots), the costliest.
+            cost = dataflow.last_step_ms if dataflow.steps else math.inf
+            dataflow.stepping = pool.submit_costed(cost, self._compute, dataflow, session, time, group, previous, sink_upper)
             rows, changed, started = await asyncio.wrap_future(dataflow.stepping)
         except asyncio.CancelledError:
             # Dropped (or the replica stops): its Spark jobs stop too, and later ones of

@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any
 
-_Work = tuple[float, int, Future, Callable[[], Any]]  # rank, order of submission, ...
+_Work = tuple[bool, float, int, Future, Callable[[], Any]]  # costed, rank, order of submission, ...
 
 
 class StepPool(Executor):
@@ -53,19 +52,19 @@ class StepPool(Executor):
             thread.start()
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
-        return self._submit(-math.inf, fn, args, kwargs)
+        return self._submit(False, 0.0, fn, args, kwargs)
 
     def submit_costed(self, cost: float, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
         """Run `fn(*args, **kwargs)`, in its batch, after the work of a lower cost
-        (`cheapest_first`) or of a higher one."""
-        return self._submit(cost if self.cheapest_first else -cost, fn, args, kwargs)
+        (`cheapest_first`) or of a higher one. An unknown cost is `math.inf`."""
+        return self._submit(True, cost if self.cheapest_first else -cost, fn, args, kwargs)
 
-    def _submit(self, rank: float, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Future:
+    def _submit(self, costed: bool, rank: float, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Future:
         future: Future = Future()
         with self._changed:
             if self._shut_down:
                 raise RuntimeError("cannot schedule new work after shutdown")
-            heapq.heappush(self._batch if self._open else self._next, (rank, next(self._order), future, lambda: fn(*args, **kwargs)))
+            heapq.heappush(self._batch if self._open else self._next, (costed, rank, next(self._order), future, lambda: fn(*args, **kwargs)))
             self._changed.notify()
         return future
 
@@ -75,7 +74,7 @@ class StepPool(Executor):
         with self._changed:
             self._shut_down = True
             if cancel_futures:
-                for _, _, future, _ in self._batch + self._next:
+                for *_, future, _ in self._batch + self._next:
                     future.cancel()
                 self._batch, self._next = [], []
             self._changed.notify_all()
@@ -103,7 +102,7 @@ class StepPool(Executor):
                 work = self._take()
             if work is None:
                 return
-            _, _, future, call = work
+            *_, future, call = work
             if not future.set_running_or_notify_cancel():  # cancelled while it waited
                 continue
             try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 
@@ -40,18 +41,19 @@ def _run(pool: StepPool, costs: dict[str, float], plain: str | None = None) -> l
     return ran
 
 
-COSTS = {"cheap": 1, "costly": 500, "unknown": 0, "middling": 30, "costly, later": 500, "unknown, later": 0}
+# "never ran": a hydration, whose cost is unknown until it ran (the costliest, to the replica).
+COSTS = {"cheap": 1, "never ran": math.inf, "costly": 500, "nothing": 0, "middling": 30, "costly, later": 500, "nothing, later": 0}
 
 
 def test_a_batch_runs_the_cheapest_first_and_plain_work_before_any_step(pool):
     order = _run(pool, COSTS, plain="plain")
-    assert order == ["plain", "unknown", "unknown, later", "cheap", "middling", "costly", "costly, later"]
+    assert order == ["plain", "nothing", "nothing, later", "cheap", "middling", "costly", "costly, later", "never ran"]
 
 
 def test_a_batch_runs_the_costliest_first_when_told(pool):
     pool.cheapest_first = False
     order = _run(pool, COSTS, plain="plain")
-    assert order == ["plain", "costly", "costly, later", "middling", "cheap", "unknown", "unknown, later"]
+    assert order == ["plain", "never ran", "costly", "costly, later", "middling", "cheap", "nothing", "nothing, later"]
 
 
 def test_work_submitted_once_a_batch_is_taken_waits_for_the_next_batch(pool):
