@@ -268,6 +268,7 @@ class ReplicaState:
     name: str
     epoch: int = 1
     phase: ReplicaPhase = "connecting"
+    costliest_first: bool = False  # the order of its waiting steps, for every incarnation
     frontiers: dict[str, Frontier] = field(default_factory=dict)
     as_ofs: dict[str, Frontier] = field(default_factory=dict)
     given_ms: dict[str, int] = field(default_factory=dict)  # when each as_of was sent
@@ -448,8 +449,13 @@ class ComputeInstance:
     def add_replica(self, name: str) -> list[Effect]:
         if name in self.replicas:
             raise InstanceError("ALREADY_EXISTS", f"replica {name!r} already exists in instance {self.config.name!r}")
-        self.replicas[name] = ReplicaState(name, last_heard_ms=self.now_ms)
-        return [Connect(name, 1, costliest_first=self._costliest_first(name))]
+        # The order fewer replicas take (the cheapest first on a tie), so that replicas
+        # take opposite orders however many were dropped: the first answer to each
+        # dataflow then comes from whichever reaches it first.
+        costliest = sum(r.costliest_first for r in self.replicas.values())
+        replica = ReplicaState(name, last_heard_ms=self.now_ms, costliest_first=2 * costliest < len(self.replicas))
+        self.replicas[name] = replica
+        return [Connect(name, 1, costliest_first=replica.costliest_first)]
 
     def check_drop_replica(self, name: str, *, force: bool = False) -> None:
         """Raise unless `drop_replica(name, force=force)` would be accepted: unforced, an
@@ -1178,17 +1184,10 @@ class ComputeInstance:
                         replica.epoch,
                         self._resume_offer(replica),
                         replica.consecutive_failures,
-                        self._costliest_first(replica.name),
+                        replica.costliest_first,
                     )
                 )
         return effects
-
-    def _costliest_first(self, name: str) -> bool:
-        """Whether `name` takes its waiting steps costliest first: every other replica,
-        in the order they were added, so that two replicas take opposite orders and the
-        first answer to each dataflow comes from whichever reaches it first. (A replica
-        keeps its order until it connects again, even when others are dropped.)"""
-        return list(self.replicas).index(name) % 2 == 1
 
     def _resume_offer(self, replica: ReplicaState) -> Resume | None:
         """Resume the replica's session if it received every command before the history's

@@ -103,8 +103,9 @@ def connect(instance: ComputeInstance, name: str) -> tuple[ComputeCommand, ...]:
     """Add replica `name` (if new) and open its connection as a new session; the replayed
     commands."""
     if name not in instance.replicas:
-        every_other = len(instance.replicas) % 2 == 1
-        assert instance.add_replica(name) == [Connect(name, 1, costliest_first=every_other)]
+        costliest = sum(r.costliest_first for r in instance.replicas.values())
+        fewer_costliest_first = costliest < len(instance.replicas) - costliest
+        assert instance.add_replica(name) == [Connect(name, 1, costliest_first=fewer_costliest_first)]
     epoch = instance.replicas[name].epoch
     (send,) = instance.replica_connected(name, epoch, f"{name}-{epoch}")
     assert isinstance(send, Send) and (send.replica, send.epoch) == (name, epoch)
@@ -1356,7 +1357,8 @@ def test_a_replica_that_loses_every_race_by_far_for_a_while_is_slow():
 
 def test_replicas_take_their_waiting_steps_in_alternate_orders_and_keep_theirs_when_reconnected():
     """Two replicas take opposite orders (the first answer to each dataflow then comes
-    from whichever reaches it first); a replica's next incarnation keeps its order."""
+    from whichever reaches it first); a replica's next incarnation keeps its order; a
+    replica added after a drop takes the order fewer replicas take."""
     instance = new_instance()
     orders = {name: instance.add_replica(name)[0].costliest_first for name in ("r1", "r2", "r3")}
     assert orders == {"r1": False, "r2": True, "r3": False}
@@ -1365,3 +1367,7 @@ def test_replicas_take_their_waiting_steps_in_alternate_orders_and_keep_theirs_w
     effects = instance.replica_failed("r2", 1, "stream broken") + instance.tick(10_000)
     (reconnect,) = [e for e in effects if isinstance(e, Connect)]
     assert (reconnect.replica, reconnect.epoch, reconnect.costliest_first) == ("r2", 2, True)
+    instance.drop_replica("r2", force=True)
+    assert instance.add_replica("r4")[0].costliest_first  # r1 and r3 take the cheapest first
+    instance.drop_replica("r1", force=True)
+    assert not instance.add_replica("r5")[0].costliest_first  # one of each: the cheapest first
