@@ -30,7 +30,6 @@ from controller._api import (
     ControllerError,
     DataflowStatusView,
     DataflowView,
-    EventView,
     InstanceView,
     ReplicaView,
     SourceView,

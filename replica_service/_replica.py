@@ -840,7 +840,7 @@ class Replica:
                 self._poll_now.set()
             while not arrangement.upper.is_complete(peek.timestamp):
                 await self._wait_progress()
-                dataflow, arrangement = self._readable(id, peek.timestamp)
+                _, arrangement = self._readable(id, peek.timestamp)
             versions[id] = arrangement.version_at(peek.timestamp)
         loop = asyncio.get_running_loop()
         if isinstance(peek.target, IndexTarget):

@@ -20,7 +20,7 @@ from controller._api import ControllerError
 from controller._orchestrator import Orchestrator
 from controller._upkeep import RETENTION_HOLDER
 from controller.runtime import Controller
-from history import Frontier, FrontiersResponse
+from history import Frontier
 from storage import Storage
 
 SCHEMA = "id BIGINT NOT NULL"

@@ -29,7 +29,6 @@ from controller._connection import ReplicaConnection
 from controller._process import ControllerProcess, kill_replicas
 from controller.cli import main
 from controller.client import Client, TandemError
-from history import InstanceConfig
 from protocol.security import ServerSecurity, Tls
 
 TOKEN = "s3cret-token"
