@@ -254,8 +254,9 @@ class Hello:
 
     `costliest_first`: the order in which the replica takes the steps waiting for its
     workers (else the cheapest first). Not a command's meaning, only its timing: the
-    controller has replicas of an instance take alternate orders, so that the first
-    answer to each dataflow comes sooner (`replica_service._step_pool`).
+    controller has replicas of an instance take opposite orders (each replica added
+    takes the order fewer take), so that the first answer to each dataflow comes sooner
+    (`replica_service._step_pool`).
     """
 
     controller_epoch: int

@@ -9,7 +9,7 @@ that would answer last starts first). Together, each step is answered by the rep
 that reaches it first: ideally all in about half the time either replica takes for all
 of them, less on replicas that share cores (`bench/RESULTS.md`: the mean answer 8-13%
 sooner). The controller says which order a replica takes (`Hello.costliest_first`:
-alternate replicas of an instance take alternate orders).
+each replica added takes the order fewer replicas of its instance take).
 
 A step's cost is unknown until it ran, so the pool is told the last one's
 (`submit_costed`). Ordered by cost alone, a stream of cheap steps could keep a costly one

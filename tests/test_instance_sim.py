@@ -1355,7 +1355,7 @@ def test_a_replica_that_loses_every_race_by_far_for_a_while_is_slow():
     assert "slow: it lost every read for 1000 ms" in instance.replicas["r2"].last_failure
 
 
-def test_replicas_take_their_waiting_steps_in_alternate_orders_and_keep_theirs_when_reconnected():
+def test_replicas_take_their_waiting_steps_in_opposite_orders_and_keep_theirs_when_reconnected_or_others_dropped():
     """Two replicas take opposite orders (the first answer to each dataflow then comes
     from whichever reaches it first); a replica's next incarnation keeps its order; a
     replica added after a drop takes the order fewer replicas take."""
