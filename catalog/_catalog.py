@@ -493,6 +493,12 @@ class Catalog:
         with self._write(fenced=self.is_controller) as session:
             return _manifest.append_batch(session, id, expected_upper, new_upper, batch)
 
+    def advance_sources(self, upper: Frontier) -> list[str]:
+        """Move every live source whose upper is below `upper` to it, in one fenced
+        transaction; the ids moved (`_manifest.advance_sources`)."""
+        with self._write() as session:
+            return _manifest.advance_sources(session, upper)
+
     def replace_batches(self, id: str, old: Sequence[BatchInfo], new: NewBatch | None) -> bool:
         """The commit of compaction (see `_manifest.replace_batches`)."""
         with self._write() as session:

@@ -13,10 +13,10 @@ rebuilt from the catalog and its replicas are re-added; live replicas reconcile 
 of recomputing. The planner's session is built in the background meanwhile: only
 planning waits for it.
 
-Background tasks, once started: the advancer (idle sources' uppers move to now) and
-storage upkeep (retention holds, compaction, garbage; `_upkeep.py`). A `Fenced` error
-ends either, as a fenced controller must stop; any other error is logged and the next
-tick tries again.
+Background tasks, once started: the advancer (idle sources' uppers move to now; an
+append moves them to its own time at once) and storage upkeep (retention holds,
+compaction, garbage; `_upkeep.py`). A `Fenced` error ends either, as a fenced controller
+must stop; any other error is logged and the next tick tries again.
 """
 
 from __future__ import annotations
@@ -455,7 +455,13 @@ class Controller:
         if info.kind != "source":
             raise ControllerError("INVALID_ARGUMENT", f"{source} is a materialized view; only sources take appends")
         async with self._source_writes:
-            return await _blocking(self.storage.append, info.id, rows)
+            ts = await _blocking(self.storage.append, info.id, rows)
+            # No write can take a time at or before `ts` any more (appends take new write
+            # timestamps, in turn), so every other source is complete through it too:
+            # said now, a dataflow joining this source with idle ones computes `ts` at
+            # once instead of at the advancer's next tick, up to a second later.
+            await _blocking(self.catalog.advance_sources, Frontier(ts + 1))
+            return ts
 
     async def drop_source(self, name: str) -> None:
         info = await _blocking(self.catalog.collection_by_name, name)
@@ -540,17 +546,7 @@ class Controller:
     def _advance_once(self) -> None:
         # Also how an idle controller learns, within a tick, that it was fenced.
         self.catalog.check_epoch()
-        sources = [c for c in self.catalog.list_collections() if c.kind == "source"]
-        if not sources:
-            return
-        now = Frontier(self.catalog.write_ts() + 1)
-        for source in sources:
-            upper = self.storage.upper(source.id)
-            if not upper.is_empty and upper < now:
-                try:
-                    self.storage.compare_and_append(source.id, upper, now)
-                except CatalogError as e:
-                    log.debug("advancing %s: %s", source.id, e)
+        self.catalog.advance_sources(Frontier(self.catalog.write_ts() + 1))
 
     async def _upkeep_storage(self) -> None:
         """One tick of storage upkeep, on a worker thread. It moves no upper, so it takes

@@ -305,6 +305,28 @@ def test_uppers_names_each_asked_collection_that_exists(controller: Catalog) -> 
     assert controller.uppers([]) == {}
 
 
+def test_advance_sources_moves_live_open_sources_below_the_frontier(controller: Catalog, dump) -> None:  # type: ignore[no-untyped-def]
+    """Sources below 9 move to 9 in one transaction. Not a source already past it, nor
+    a closed or dropped one, nor a materialized view (its replicas write its upper)."""
+    behind, ahead, closed, gone = (controller.create_source(name, SCHEMA) for name in ("behind", "ahead", "closed", "gone"))
+    controller.append_batch(ahead.id, Frontier(0), Frontier(12), None)
+    controller.append_batch(closed.id, Frontier(0), Frontier.empty(), None)
+    controller.drop_source(gone.id)
+    controller.create_instance("main")
+    view = controller.create_dataflow(
+        "main", "copy", sql="SELECT * FROM b", imports=[Import("b", behind.id)], schema=SCHEMA,
+        as_of=Frontier(0), materialized=True,
+    ).sink_id
+    assert controller.advance_sources(Frontier(9)) == [behind.id]
+    uppers = {id: controller.get_collection(id).upper for id in (behind.id, ahead.id, closed.id, gone.id, view)}
+    assert uppers == {
+        behind.id: Frontier(9), ahead.id: Frontier(12), closed.id: Frontier.empty(),
+        gone.id: Frontier(0), view: Frontier(0),
+    }
+    assert controller.advance_sources(Frontier(9)) == []
+    refused(dump, InvalidArgument, lambda: controller.advance_sources(Frontier.empty()))
+
+
 # --- Dataflows ----------------------------------------------------------------------------
 
 

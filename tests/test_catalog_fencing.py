@@ -40,6 +40,7 @@ def mutations(catalog: Catalog) -> dict[str, Callable[[], object]]:
         ),
         "drop_dataflow": lambda: catalog.drop_dataflow("u2"),
         "append_batch": lambda: catalog.append_batch("u1", Frontier(0), Frontier(5), None),
+        "advance_sources": lambda: catalog.advance_sources(Frontier(5)),
         "replace_batches": lambda: catalog.replace_batches("u1", [], None),
         "acquire_read_hold": lambda: catalog.acquire_read_hold("u1", "peek", Frontier(0)),
         "downgrade_read_hold": lambda: catalog.downgrade_read_hold("u1", "held", Frontier(1)),

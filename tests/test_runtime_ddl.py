@@ -137,6 +137,31 @@ def test_a_new_source_or_materialized_view_is_held_by_the_retention_window_from_
     asyncio.run(run())
 
 
+def test_an_append_completes_every_other_source_through_its_time(tmp_path):
+    """An append at t moves every other live source to t + 1 at once (no advancer runs
+    here): a dataflow joining the appended source with an idle one waited for the
+    advancer's next tick, up to a second. A materialized view's upper stays its
+    replicas'."""
+
+    async def run() -> None:
+        controller = _controller(tmp_path)
+        await controller.create_instance("main")
+        for name in ("appended", "idle", "gone"):
+            await controller.create_source(name, SCHEMA)
+        await controller.create_dataflow("main", "view", "select * from idle", materialize=True)
+        await controller.drop_source("gone")
+        ids = {name: controller.catalog.collection_by_name(name).id for name in ("appended", "idle", "view")}
+        gone = next(c for c in controller.catalog.list_collections(include_dropped=True) if c.name == "gone")
+        before = controller.storage.upper(ids["view"])
+        t = await controller.append("appended", [{"id": 1}])
+        assert controller.storage.upper(ids["appended"]) == controller.storage.upper(ids["idle"]) == Frontier(t + 1)
+        assert controller.storage.upper(ids["view"]) == before
+        assert controller.catalog.get_collection(gone.id).upper == gone.upper
+        await _stop(controller)
+
+    asyncio.run(run())
+
+
 def test_concurrent_drops_never_go_below_min_in_sync(tmp_path):
     """Two drops of in-sync replicas race, each allowed alone by `min_in_sync = 1`.
     Before the fix both passed the check before either landed, leaving none."""
