@@ -459,8 +459,14 @@ class Controller:
             # No write can take a time at or before `ts` any more (appends take new write
             # timestamps, in turn), so every other source is complete through it too:
             # said now, a dataflow joining this source with idle ones computes `ts` at
-            # once instead of at the advancer's next tick, up to a second later.
-            await _blocking(self.catalog.advance_sources, Frontier(ts + 1))
+            # once instead of at the advancer's next tick, up to a second later. The
+            # append is committed whatever happens here: a failure (the catalog away,
+            # fenced) only leaves the other sources to that tick, and must not make a
+            # client append twice.
+            try:
+                await asyncio.to_thread(self.catalog.advance_sources, Frontier(ts + 1))
+            except Exception as e:
+                log.warning("append to %s at %d: the other sources stay for the advancer: %s", source, ts, e)
             return ts
 
     async def drop_source(self, name: str) -> None:

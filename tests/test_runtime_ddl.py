@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from catalog import Catalog, default_url
+from catalog import Catalog, CatalogError, default_url
 from controller._api import ControllerError
 from controller._orchestrator import Orchestrator
 from controller._upkeep import RETENTION_HOLDER
@@ -157,6 +157,31 @@ def test_an_append_completes_every_other_source_through_its_time(tmp_path):
         assert controller.storage.upper(ids["appended"]) == controller.storage.upper(ids["idle"]) == Frontier(t + 1)
         assert controller.storage.upper(ids["view"]) == before
         assert controller.catalog.get_collection(gone.id).upper == gone.upper
+        await _stop(controller)
+
+    asyncio.run(run())
+
+
+def test_an_append_whose_other_sources_cannot_move_is_still_its_own_commit(tmp_path):
+    """The append committed before the other sources move: if moving them fails, the
+    client still gets its timestamp (an error would make it append the rows twice), and
+    the advancer moves them later."""
+
+    async def run() -> None:
+        controller = _controller(tmp_path)
+        await controller.create_instance("main")
+        for name in ("appended", "idle"):
+            await controller.create_source(name, SCHEMA)
+
+        def unavailable(upper):
+            raise CatalogError("the catalog is away for a moment")
+
+        controller.catalog.advance_sources = unavailable
+        t = await controller.append("appended", [{"id": 1}])
+        appended, idle = (controller.catalog.collection_by_name(name).id for name in ("appended", "idle"))
+        assert controller.storage.upper(appended) == Frontier(t + 1)
+        assert controller.storage.read_snapshot(appended, t).num_rows == 1
+        assert controller.storage.upper(idle) == Frontier.minimum()
         await _stop(controller)
 
     asyncio.run(run())
