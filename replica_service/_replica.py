@@ -96,9 +96,12 @@ from storage import NegativeCount, Storage
 
 log = logging.getLogger(__name__)
 
-STEP_WORKERS = 4
+STEP_WORKERS = 2
 """Dataflow steps computed at once in each of the two step pools, light and heavy
-(Spark shares the cores between their jobs)."""
+(Spark shares the cores between their jobs). Two, not four: steps side by side stretch
+one another on the replica's cores, which undoes the order of waiting steps (with four,
+the last of 22 TPC-H answers came after 13.4-22.4 s, with two after 10.0-19.4 s; RESULTS
+"Two step workers a pool")."""
 
 TRANSIENT_RETRIES = 5
 """A dataflow whose step fails this many times in a row for a passing reason fails."""
