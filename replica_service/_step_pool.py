@@ -7,9 +7,12 @@ and the first answer wins, so they do better taking them in different orders: on
 cheapest first (most dataflows answer soonest), another the costliest first (the one
 that would answer last starts first). Together, each step is answered by the replica
 that reaches it first: ideally all in about half the time either replica takes for all
-of them, less on replicas that share cores (`bench/RESULTS.md`: the mean answer 8-13%
-sooner). The controller says which order a replica takes (`Hello.costliest_first`:
-each replica added takes the order fewer replicas of its instance take).
+of them, less on replicas that share cores, and only where a replica runs few steps
+side by side (`bench/RESULTS.md`: with four workers a pool the mean answer came 8-13%
+sooner; with two, TPC-H's last answer came 10.0-19.4 s after a change, against
+13.4-22.4 s with four). The controller says which order a replica takes
+(`Hello.costliest_first`: each replica added takes the order fewer replicas of its
+instance take).
 
 A step's cost is unknown until it ran, so the pool is told the last one's
 (`submit_costed`). Ordered by cost alone, a stream of cheap steps could keep a costly one
