@@ -29,9 +29,10 @@ TPC-H: the 22 standard queries (or those `--tpch-queries` names) at `--tpch-sf` 
 `small` replicas, each as a dataflow with an index; after a 1,000-row change to
 `lineitem` (half retractions), the time until each answers at the change's timestamp.
 `--tpch-changes N` makes N changes one after the other, the change and its undo in
-turn: a step that grows with the number of changes shows. Each change is made once both
-replicas have computed the one before (the goal is of a change, not of changes coming
-faster than the replicas compute them), and the time until both have is printed too:
+turn: a step that grows with the number of changes shows. The first change is made once
+both replicas have hydrated every query, each later one once both have computed the one
+before (the goal is of a change, not of changes coming faster than the replicas compute
+them, nor of a replica still hydrating), and the time until both have is printed too:
 each answer is the first replica's, and the replicas take waiting steps in opposite
 orders of cost (`replica_service._step_pool`). `--tpch-strategies auto,recompute` runs
 the whole of it twice, once with every query forced to recompute, and prints the two
@@ -211,6 +212,10 @@ def tpch(root: Path, sf: float, names: list[str], strategy: str = "auto", change
         for name in queries:
             client.peek("tpch", name, consistency="strict", timeout_ms=3_600_000)
         log(f"TPC-H SF {sf}: all {len(queries)} hydrated in {time.monotonic() - started:.0f} s")
+        # Answers come from the first replica to hydrate; the first change waits for the
+        # other too, as each change waits for both to compute the one before.
+        wait_until(lambda: all(hydrated(client, "tpch", name) for name in queries), 3600, "both replicas hydrated")
+        log(f"TPC-H SF {sf}: both replicas hydrated all {len(queries)} after {time.monotonic() - started:.0f} s")
         lineitem_change = benchmark.lineitem_change(tables, 1000, seed=7)
         diff = benchmark.DIFF
         lineitem_undo = lineitem_change.set_column(lineitem_change.schema.get_field_index(diff), diff, pc.negate(lineitem_change[diff]))
