@@ -283,6 +283,27 @@ def test_a_base_serves_every_step_until_compaction_replaces_its_batches(env):
     source.reader.close()
 
 
+def test_a_base_outlives_a_compaction_of_the_newer_batches_beside_it(env):
+    """Compaction merges small batches, not a large one behind them (`merge_run`), so the
+    base over a load survives the merging of the changes read beside it."""
+    session = env["session"]
+    source = Source(env)
+    t = source.append(session, [{"id": i, "k": "a", "x": float(i)} for i in range(10)])
+    _step_rows(source, session, t)
+    base = source.reader._base
+    source.append(session, [{"id": 10, "k": "b", "x": 1.0}])
+    source.append(session, [{"id": 11, "k": None, "x": 2.0}], picks=[0])
+    t = source.append(session, [{"id": 12, "k": "c", "x": 3.0}])
+    before = _step_rows(source, session, t)
+
+    source.storage.acquire_read_hold(source.id, "test", Frontier(t))
+    assert source.storage.compact(source.id) == 2  # the two changes, not the load
+    source.reader.refresh(session)
+    assert _step_rows(source, session, t) == before
+    assert source.reader._base is base and base.frame.storageLevel.useDisk
+    source.reader.close()
+
+
 def test_a_manifest_read_before_a_compaction_plans_reads_of_files_garbage_collection_deleted(env):
     """Why a replica reads an idle collection's manifest again (`MANIFEST_MAX_AGE_S`):
     compaction replaces its batches without moving its upper, and once the retired

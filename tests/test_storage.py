@@ -15,9 +15,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from catalog import Catalog, FailedPrecondition, Fenced, InvalidArgument, NotFound
+from catalog import BatchInfo, Catalog, FailedPrecondition, Fenced, InvalidArgument, NotFound
 from history import Frontier, Import
 from storage import NegativeCount, Storage, UpperMismatch
+from storage._storage import merge_run
 
 F = Frontier
 SCHEMA = "id BIGINT NOT NULL, region STRING"
@@ -378,6 +379,49 @@ def test_compaction_rewrites_the_batches_below_since(
     report = storage.collect_garbage(grace_ms=0)
     assert set(report.retired) == {b.path for b in old[:2]} and report.orphans == ()
     assert files(blob_dir) == manifest_paths(storage, history)
+
+
+def test_compaction_merges_the_newest_batches_not_a_large_one_behind_them(
+    storage: Storage, source: str
+) -> None:
+    # A large load, then small changes: merging them must not rewrite the load.
+    storage.compare_and_append(source, F(0), F(1), rows(*range(100)))
+    for t in range(1, 4):
+        storage.compare_and_append(source, F(t), F(t + 1), rows(1000 + t))
+    storage.compare_and_append(source, F(4), F(5), rows(2000))
+    before = storage.read_snapshot(source, 4)
+    storage.acquire_read_hold(source, "h", F(4))
+    assert storage.compact(source) == 3
+    assert [(b.lower, b.upper, b.rows) for b in storage.catalog.manifest(source).batches] == [
+        (0, F(1), 100), (1, F(4), 3), (4, F(5), 1)
+    ]
+    assert storage.read_snapshot(source, 4).equals(before)
+    assert storage.compact(source) == 0  # the load holds more than twice the rest
+
+    # Once what came after it is large enough, it is merged too.
+    for t in range(5, 9):
+        storage.compare_and_append(source, F(t), F(t + 1), rows(*range(3000 + 10 * t, 3010 + 10 * t)))
+    storage.downgrade_read_hold(source, "h", F(9))
+    assert storage.compact(source) == 6  # 44 rows after it: the load (100) stays
+    assert [b.rows for b in storage.catalog.manifest(source).batches] == [100, 44]
+    storage.compare_and_append(source, F(9), F(10), rows(*range(4000, 4100)))
+    storage.downgrade_read_hold(source, "h", F(10))
+    assert storage.compact(source) == 3
+    assert [(b.lower, b.upper, b.rows) for b in storage.catalog.manifest(source).batches] == [(0, F(10), 244)]
+
+
+def test_merge_run_takes_the_newest_batches_while_each_older_one_is_at_most_twice_the_rest() -> None:
+    def run(*sizes: int) -> list[int]:
+        batches = [BatchInfo(i, "c", i, F(i + 1), f"b{i}", rows, 0) for i, rows in enumerate(sizes)]
+        return [b.rows for b in merge_run(batches)]
+
+    assert run(100, 1, 1, 1) == [1, 1, 1]
+    assert run(5, 3, 1, 1) == [5, 3, 1, 1]  # 1 <= 2, 3 <= 2 * 2, 5 <= 2 * 5
+    assert run(12, 3, 1, 1) == [3, 1, 1]  # 12 > 2 * 5
+    assert run(6, 6, 6) == [6, 6, 6]
+    assert run(9, 1) == [1]
+    assert run(1) == [1]
+    assert run(5, 2, 0) == [2, 0]  # an empty batch counts as one row
 
 
 def test_compaction_that_cancels_out_leaves_no_batch(

@@ -56,20 +56,21 @@ def test_spark_writes_commits_and_reads_directory_batches(
     storage.commit_batch(id, F(0), F(1), first)
     empty = write(spark, storage, id, 1, 0, 0)  # an empty result: the upper moves alone
     storage.commit_batch(id, F(1), F(2), empty)
-    storage.append(id, [{"id": 100, "region": "x"}], ts=2)  # a file batch among them
+    # A file batch among them, large enough for compaction to merge the first into it.
+    storage.append(id, [{"id": 100 + i, "region": "x"} for i in range(5)], ts=2)
     (batch, _) = storage.catalog.manifest(id).batches
     assert (batch.path, batch.rows) == (first, 10)
 
     plan = storage.snapshot(id, 2)
     frame = spark.read.schema(plan.file_ddl).parquet(*plan.uris).where(plan.time_filter)
-    assert sorted(r.id for r in frame.collect()) == [*range(10), 100]
-    assert sorted(storage.read_snapshot(id, 2)["id"].to_pylist()) == [*range(10), 100]
+    assert sorted(r.id for r in frame.collect()) == [*range(10), *range(100, 105)]
+    assert sorted(storage.read_snapshot(id, 2)["id"].to_pylist()) == [*range(10), *range(100, 105)]
 
     storage.acquire_read_hold(id, "h", F(3))
     storage.compare_and_append(id, F(3), F(4))
     assert storage.compact(id) == 2
     compacted = storage.snapshot(id, 3)
-    assert spark.read.schema(compacted.file_ddl).parquet(*compacted.uris).count() == 11
+    assert spark.read.schema(compacted.file_ddl).parquet(*compacted.uris).count() == 15
 
 
 @pytest.mark.parametrize("catalog_url", ["sqlite"], indirect=True)
