@@ -21,7 +21,7 @@ from storage._schema import (
     parse_schema,
     schema_to_ddl,
 )
-from storage._storage import DEFAULT_GRACE_MS, GarbageReport, ReadPlan, Storage
+from storage._storage import DEFAULT_GRACE_MS, GarbageReport, ReadPlan, Storage, merge_run
 
 __all__ = [
     "DEFAULT_GRACE_MS",
@@ -41,6 +41,7 @@ __all__ = [
     "changes_of",
     "consolidate",
     "file_schema",
+    "merge_run",
     "normalize_ddl",
     "parse_schema",
     "schema_to_ddl",

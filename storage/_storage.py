@@ -34,13 +34,13 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from catalog import (
-    BatchInfo,
     Catalog,
     CatalogError,
     CollectionInfo,
@@ -528,10 +528,18 @@ class Storage:
         return GarbageReport(tuple(retired), tuple(orphans))
 
 
-def merge_run(batches: Sequence[BatchInfo]) -> list[BatchInfo]:
+class _Counted(Protocol):
+    rows: int
+
+
+B = TypeVar("B", bound=_Counted)
+
+
+def merge_run(batches: Sequence[B]) -> list[B]:
     """The newest of `batches` (contiguous, oldest first) worth merging: the newest one,
     then, walking back, each older batch holding at most COMPACTION_SIZE_RATIO times the
-    rows of those taken so far (an empty one counts as one row)."""
+    rows of those taken so far (an empty one counts as one row). Replicas keep the
+    batches older than it in persisted bases (`dataplane._reader`)."""
     run = list(batches[-1:])
     rows = sum(b.rows for b in run)
     for batch in reversed(batches[:-1]):

@@ -284,20 +284,24 @@ def test_a_base_serves_every_step_until_compaction_replaces_its_batches(env):
 
 
 def test_a_base_outlives_a_compaction_of_the_newer_batches_beside_it(env):
-    """Compaction merges small batches, not a large one behind them (`merge_run`), so the
-    base over a load survives the merging of the changes read beside it."""
+    """Compaction merges small batches, not a large one behind them (`merge_run`), and a
+    base covers the batches older than those it would merge, so the base over a load,
+    built after a change, survives the merging of the changes read beside it."""
     session = env["session"]
     source = Source(env)
-    t = source.append(session, [{"id": i, "k": "a", "x": float(i)} for i in range(10)])
-    _step_rows(source, session, t)
+    load = source.append(session, [{"id": i, "k": "a", "x": float(i)} for i in range(10)])
+    t = source.append(session, [{"id": 10, "k": "b", "x": 1.0}])
+    first = _step_rows(source, session, t)
     base = source.reader._base
-    source.append(session, [{"id": 10, "k": "b", "x": 1.0}])
+    assert base.through == load and len(base.batches) == 1  # the change is read beside it
+    assert first == [(i, "a", float(i), 1) for i in range(10)] + [(10, "b", 1.0, 1)]
     source.append(session, [{"id": 11, "k": None, "x": 2.0}], picks=[0])
     t = source.append(session, [{"id": 12, "k": "c", "x": 3.0}])
     before = _step_rows(source, session, t)
+    assert source.reader._base is base
 
     source.storage.acquire_read_hold(source.id, "test", Frontier(t))
-    assert source.storage.compact(source.id) == 2  # the two changes, not the load
+    assert source.storage.compact(source.id) == 2  # the changes below since, not the load
     source.reader.refresh(session)
     assert _step_rows(source, session, t) == before
     assert source.reader._base is base and base.frame.storageLevel.useDisk

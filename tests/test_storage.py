@@ -17,8 +17,7 @@ import pytest
 
 from catalog import BatchInfo, Catalog, FailedPrecondition, Fenced, InvalidArgument, NotFound
 from history import Frontier, Import
-from storage import NegativeCount, Storage, UpperMismatch
-from storage._storage import merge_run
+from storage import NegativeCount, Storage, UpperMismatch, merge_run
 
 F = Frontier
 SCHEMA = "id BIGINT NOT NULL, region STRING"

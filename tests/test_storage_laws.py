@@ -15,8 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from history import Frontier
-from storage import Storage
-from storage._storage import merge_run
+from storage import Storage, merge_run
 
 Row = tuple[int, "str | None"]
 Update = tuple[Row, int, int]  # (row, time, diff)
