@@ -60,18 +60,18 @@ from storage._rows import DIFF, TIME, Rows, file_schema, to_batch
 from storage._schema import normalize_ddl, parse_schema
 
 DEFAULT_GRACE_MS = 15 * 60 * 1000
+"""How old an unreferenced batch must be before `collect_garbage` deletes it, and how
+long a retired one stays. An append must commit within this time of writing its file
+(a directory batch, of its last write), and a reader must be done with a plan within it."""
 
 COMPACTION_SIZE_RATIO = 2
 """Compaction merges an older batch into the newer ones below since only while it holds
 at most this many times their rows: folding a few small batches into a large one would
 rewrite the whole collection to merge what changed (TPC-H's 600,000-row lineitem was
-rewritten at every eighth 1,000-row change, and every replica rebuilt the persisted
-base its joins read). Batch sizes then fall geometrically from the oldest to the
-newest, as in a log-structured merge tree: a collection of n rows keeps O(log n)
-batches below since, and each row is rewritten O(log n) times."""
-"""How old an unreferenced batch must be before `collect_garbage` deletes it, and how
-long a retired one stays. An append must commit within this time of writing its file
-(a directory batch, of its last write), and a reader must be done with a plan within it."""
+rewritten at the second 1,000-row change and every seventh after, and every replica
+rebuilt the persisted base its joins read). Batch sizes then fall geometrically from
+the oldest to the newest, as in a log-structured merge tree: a collection of n rows
+keeps O(log n) batches below since, and each row is rewritten O(log n) times."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -532,10 +532,10 @@ class _Counted(Protocol):
     rows: int
 
 
-B = TypeVar("B", bound=_Counted)
+_Batch = TypeVar("_Batch", bound=_Counted)
 
 
-def merge_run(batches: Sequence[B]) -> list[B]:
+def merge_run(batches: Sequence[_Batch]) -> list[_Batch]:
     """The newest of `batches` (contiguous, oldest first) worth merging: the newest one,
     then, walking back, each older batch holding at most COMPACTION_SIZE_RATIO times the
     rows of those taken so far (an empty one counts as one row). Replicas keep the

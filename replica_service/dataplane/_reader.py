@@ -324,10 +324,10 @@ class StorageReader:
     def _new_base(self, session: SparkSession, batches: list[BatchFile], through: int) -> _Base:
         """A base of the batches compaction will not merge soon: those older than the
         newest ones it would merge together (`merge_run`), which are read beside it.
-        Over all of them, a base was rebuilt at the first compaction after it: TPC-H's
-        `lineitem` (600,000 rows) at about every third change, the step that did it
-        taking 14-15 s where it takes 3-5 s. Over all of them still when that would
-        leave none, or more than BASE_MAX_TAIL beside it."""
+        Over all of them, a base was rebuilt after most compactions: TPC-H's `lineitem`
+        (600,000 rows) every few changes, the q17 and q21 steps that did it taking
+        12-18 s where they take 2-8 s. Over all of them still when that would leave
+        none, or more than BASE_MAX_TAIL beside it."""
         run = merge_run(batches)
         settled = batches[: len(batches) - len(run)]
         if settled and len(run) <= BASE_MAX_TAIL:
