@@ -142,10 +142,13 @@ def replica_pid(client: Client, instance: str) -> int:
     return wait_until(lambda: next((r.pid for r in client.status(instance)[0].replicas if r.pid), None), 180, "the replica's pid")
 
 
-def hydrated(client: Client, instance: str, name: str) -> bool:
-    """Every replica reports dataflow `name` hydrated (its frontier past its as_of)."""
+def hydrated(client: Client, instance: str, *names: str) -> bool:
+    """Every replica reports each dataflow of `names` hydrated (its frontier past its
+    as_of), in one status read."""
     replicas = client.status(instance)[0].replicas
-    return bool(replicas) and all(r.dataflows.get(name) is not None and r.dataflows[name].hydrated for r in replicas)
+    return bool(replicas) and all(
+        r.dataflows.get(name) is not None and r.dataflows[name].hydrated for r in replicas for name in names
+    )
 
 
 def write_frontier(client: Client, instance: str, name: str) -> int | None:

@@ -538,8 +538,8 @@ _Batch = TypeVar("_Batch", bound=_Counted)
 def merge_run(batches: Sequence[_Batch]) -> list[_Batch]:
     """The newest of `batches` (contiguous, oldest first) worth merging: the newest one,
     then, walking back, each older batch holding at most COMPACTION_SIZE_RATIO times the
-    rows of those taken so far (an empty one counts as one row). Replicas keep the
-    batches older than it in persisted bases (`dataplane._reader`)."""
+    rows of those taken so far (at least one row: empty batches do not stop it). Replicas
+    keep the batches older than it in persisted bases (`dataplane._reader`)."""
     run = list(batches[-1:])
     rows = sum(b.rows for b in run)
     for batch in reversed(batches[:-1]):
