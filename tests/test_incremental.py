@@ -295,6 +295,50 @@ def test_steps_of_a_query_seen_before_compile_no_code(env):
     assert run() == 0
 
 
+def test_a_rehearsal_compiles_the_next_steps_code_and_keeps_nothing(env, tmp_path):
+    """After hydration a replica rehearses (`Incremental.rehearse`): a step over a
+    made-up change of the largest input, planned as a real change's, so that the code
+    the next steps run is compiled by then. It keeps nothing: it holds no checkpoint
+    after, and the versions after it are those computed without it. Each query's
+    code is compiled by no other test (the literal is in its generated source)."""
+    session = env["session"]
+    compilations = session._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+    persisted = lambda: set(session.sparkContext._jsc.getPersistentRDDs().keySet())
+    t_rows = [{"id": i, "k": "ab"[i % 2], "x": 0.5 * i, "q": i, "n": i % 5} for i in range(300)]
+    u_rows = [{"id": i, "y": i, "z": "xyz"[i % 3]} for i in range(100)]
+    changes = [  # of t, the largest input: a retraction and an insert, then an update
+        ([{"id": 7, "k": "c", "x": 1.0, "q": 3, "n": 9}], [4], [], [], []),
+        ([], [], [], [], [(3, {"k": "b", "x": 0.0, "q": None, "n": 4})]),
+    ]
+
+    def run(factor: int, *, rehearse: bool) -> tuple[list[str], int]:
+        """The versions' digests, and the classes compiled by the first step after hydration."""
+        sql = f"SELECT u.z, count(*) AS c, sum(t.q) AS s, max(t.n) AS m FROM t JOIN u ON t.id = u.id WHERE t.n + u.y <> {factor} GROUP BY u.z"
+        sources = Sources(env)
+        readers = {"t": StorageReader(sources.storage, sources.t), "u": StorageReader(sources.storage, sources.u)}
+        flow = Flow(env, f"rehearsed{factor}", sql, "incremental", readers)
+        for number, change in enumerate([(t_rows, [], u_rows, [], []), *changes]):
+            time = sources.apply(change)
+            for reader in readers.values():
+                reader.refresh(session)
+            before = compilations.getCount()
+            flow.step(time)
+            if number == 1:
+                compiled_first = compilations.getCount() - before
+            if number == 0 and rehearse:
+                kept, compiled = persisted(), compilations.getCount()
+                flow.maintainer.rehearse(tmp_path / str(factor))
+                assert compilations.getCount() > compiled
+                assert persisted() == kept
+        release([flow], readers.values())
+        return list(flow.digests.values()), compiled_first
+
+    assert run(7907, rehearse=False)[1] > 0  # 44 classes, when written
+    rehearsed, compiled = run(7919, rehearse=True)
+    assert compiled == 0
+    assert run(7919, rehearse=False)[0] == rehearsed
+
+
 def test_light_steps_have_a_scheduler_pool_that_takes_a_free_core_first(env):
     """Spark's FAIR scheduler serves first a pool with fewer running tasks than its
     minimum share: the light pool's exceeds any machine's cores."""

@@ -308,6 +308,36 @@ def test_a_base_outlives_a_compaction_of_the_newer_batches_beside_it(env):
     source.reader.close()
 
 
+def test_a_rehearsal_batch_retracts_rows_the_newest_batch_inserted_and_inserts_as_many_again(env, tmp_path):
+    """A rehearsal's made-up batch (`rehearsal_batch`) holds `rows` rows the newest batch
+    inserted, retracted, and as many of its other inserted rows again; `updates` reads
+    it beside the stored batches, never into the base a lease holds. A collection
+    that holds no rows has none."""
+    session = env["session"]
+    source = Source(env)
+    assert source.reader.rehearsal_batch(session, tmp_path, 2) is None
+    source.append(session, [{"id": i, "k": "a", "x": float(i)} for i in range(10)])
+    t = source.append(session, [{"id": 10 + i, "k": "b", "x": 1.0} for i in range(5)], picks=[0])
+    stored = _step_rows(source, session, t)
+
+    made_up = source.reader.rehearsal_batch(session, tmp_path, 2)
+    updates = session.read.parquet(made_up.uri).toArrow().to_pylist()
+    retracted = {row["id"] for row in updates if row["_diff"] == -1}
+    inserted = {row["id"] for row in updates if row["_diff"] == 1}
+    assert len(updates) == 4 and len(retracted) == len(inserted) == 2
+    assert retracted | inserted <= set(range(10, 15)) and not retracted & inserted
+
+    lease = Lease()
+    read = _net_rows(source.reader.updates(session, t, lease=lease, made_up=made_up))
+    lease.release()
+    expected = {(id, k, x): n for id, k, x, n in stored}
+    for id in retracted | inserted:
+        expected[(id, "b", 1.0)] += 1 if id in inserted else -1
+    assert read == sorted((*row, n) for row, n in expected.items() if n)
+    assert _step_rows(source, session, t) == stored  # from the same base, without it
+    source.reader.close()
+
+
 def test_a_manifest_read_before_a_compaction_plans_reads_of_files_garbage_collection_deleted(env):
     """Why a replica reads an idle collection's manifest again (`MANIFEST_MAX_AGE_S`):
     compaction replaces its batches without moving its upper, and once the retired

@@ -157,8 +157,7 @@ class IncrementalDataflow:
         `time` (its `new`), and the changes are the whole output. `whole` (an aggregate
         query's only) asks for the whole output too: every group's row, read off the
         step's accumulators. `small`: the step's changes are few (see `_pre`)."""
-        release(self._pending)  # a step that failed before its commit left them
-        self._pending = []
+        self.abandon()  # a step that failed before its commit left them
         pre = self._pre(bindings, small)
         shape = self.plan.aggregate
         if shape is None:
@@ -388,10 +387,11 @@ class IncrementalDataflow:
         both = f"SELECT {key_list}{contributions}{_prefix_comma(extremes_of_change)}, 1 AS __src FROM {staged}"
         if self._base is not None:
             both = f"SELECT {key_list}{stored}{_prefix_comma(extremes_of_state)}, 0 AS __src FROM __state UNION ALL {both}"
-        sums = ", ".join(
-            f"sum({n}) AS new_{n}" + (f", sum(IF(__src = 0, {n}, NULL)) AS old_{n}" if self._base is not None else "")
-            for n in self._accumulators
-        )
+        # A hydration's groups have no old sums, but its table has the columns a step's
+        # has: the next step reads its state with the same generated code as every
+        # later step (which a rehearsal compiles: `Incremental.rehearse`).
+        old = "sum(IF(__src = 0, {n}, NULL))" if self._base is not None else "IF(false, sum({n}), NULL)"
+        sums = ", ".join(f"sum({n}) AS new_{n}, {old.format(n=n)} AS old_{n}" for n in self._accumulators)
         grouping = f" GROUP BY {', '.join(keys)}" if keys else ""
         grouped = f"SELECT {key_list}{sums}{_prefix_comma(extreme_sums)}, max(__src) AS __touched FROM ({both}){grouping}"
         if not self._extremes:
@@ -529,6 +529,11 @@ class IncrementalDataflow:
         self._kept = [frame for frame in self._pending if not any(frame is part for part in self._base_kept)]
         self._pending = []
         release(retired)
+
+    def abandon(self) -> None:
+        """Release what the step in progress checkpointed: it will not be committed."""
+        release(self._pending)
+        self._pending = []
 
     def close(self) -> None:
         """Release every checkpoint this dataflow holds (it is dropped or rebuilt)."""

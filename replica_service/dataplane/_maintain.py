@@ -22,6 +22,7 @@ Spark as small DataFrames).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterator, Mapping, Union
 
 import pyarrow as pa
@@ -37,7 +38,7 @@ from replica_service._arrangement import Arrangement, Version
 from replica_service.dataplane._incremental import Binding, IncrementalDataflow, Step
 from replica_service.dataplane._incremental import release as release_checkpoints
 from replica_service.dataplane._plan import DeltaPlan, Leaf, NotIncremental, delta_plan
-from replica_service.dataplane._reader import Lease, StorageReader
+from replica_service.dataplane._reader import BatchFile, Lease, StorageReader
 from replica_service.dataplane._rows import arrow_frame, canonical, expand, normalized, quote
 from replica_service.dataplane._sink import SinkWriter
 
@@ -97,6 +98,10 @@ class Maintainer:
 
     def step(self, time: int) -> StepOutput:
         raise NotImplementedError
+
+    def rehearse(self, directory: Path) -> None:
+        """Compute a step over made-up changes and keep nothing (`Incremental.rehearse`).
+        A recompute's every step runs its hydration's query again: nothing to warm."""
 
     def restore(self, time: int) -> None:
         """Rebuild the state of a dataflow whose versions are computed through `time`
@@ -239,6 +244,10 @@ def _from_scratch(desc: DataflowDescription, plan: DeltaPlan, session: SparkSess
 # (`Incremental._size_plans`).
 SMALL_STEP_MAX_ROWS = 100_000
 
+REHEARSAL_ROWS = 100
+"""How many rows a rehearsal's made-up change retracts, and inserts
+(`Incremental.rehearse`): a small step."""
+
 
 class Incremental(Maintainer):
     """The delta plan and its state (see `_incremental`)."""
@@ -276,7 +285,9 @@ class Incremental(Maintainer):
     def light(self) -> bool:
         return self.last_time is not None
 
-    def changes(self, time: int, *, consolidated: bool = True) -> tuple[DataFrame, Callable[[], None]]:
+    def changes(
+        self, time: int, *, consolidated: bool = True, rehearsal: Mapping[str, BatchFile] | None = None
+    ) -> tuple[DataFrame, Callable[[], None]]:
         """The output's changes at `time` (lazy), and the commit that keeps the state
         they imply. Consolidated, unless `consolidated` is False and the query is linear:
         then a row retracted and inserted at once may stay as two updates, which readers
@@ -284,11 +295,12 @@ class Incremental(Maintainer):
         whole output). Unconsolidated float columns are `normalized` as consolidating
         leaves them (-0.0 as 0.0, one NaN), so both give the same bits, and so does
         `Recompute` (which consolidates). (Leaving an aggregate's changes unconsolidated
-        too was measured: no faster, 383-394 vs 382-437 ms a step of (a) at 1M.)"""
+        too was measured: no faster, 383-394 vs 382-437 ms a step of (a) at 1M.) With
+        `rehearsal`, an input's change is its made-up batch there (`rehearse`)."""
         self._lease.release()  # a step that ended without its commit held it
         self._lease = lease = Lease()
         small = self._size_plans(time)
-        step, commit_states = self._step(time, *self._bindings(time, lease, small), small=small)
+        step, commit_states = self._step(time, *self._bindings(time, lease, small, rehearsal), small=small)
 
         def commit() -> None:
             for state in self._states():  # the one part that may fail: before any state changes
@@ -320,6 +332,37 @@ class Incremental(Maintainer):
             abandon()
 
         return StepOutput(time, version, lambda current: changes, finish, abandon)
+
+    def rehearse(self, directory: Path) -> None:
+        """Compute a step at the last step's time as if its largest storage input (a
+        star schema's fact table, which is what changes) had changed by a made-up batch
+        (`StorageReader.rehearsal_batch`, written in `directory`), collect its output
+        and keep nothing: the state, the versions and what the step checkpointed stay
+        as they were.
+
+        Run once after hydration: a hydration evaluates the full plan, and the first
+        steps after it generate and compile the code of the derivative terms and of
+        the queries over a hydrated state. In TPC-H's first change that was 353 classes
+        (Janino, 31.7 ms each with two replicas sharing the cores: about 11 s of each
+        replica's steps), and 77 more at the second. Generated code is cached by its
+        text (`spark.sql.codegen.cache.maxEntries`), which depends on a plan's shape
+        and types, not on its rows or times, and the made-up batch is read as a
+        change's is: the rehearsal's plans are those of a change of that input."""
+        assert self.light, "a rehearsal follows the hydration"
+        readers = {name: source for name, source in self.inputs.items() if isinstance(source, StorageReader)}
+        if not readers:
+            return
+        name = max(readers, key=lambda n: readers[n].change_rows(None, self.last_time))
+        made_up = readers[name].rehearsal_batch(self.session, directory, REHEARSAL_ROWS)
+        if made_up is None:
+            return
+        frame, _ = self.changes(self.last_time, consolidated=False, rehearsal={name: made_up})
+        try:
+            frame.toArrow()
+        finally:
+            for state in self._states():
+                state.abandon()
+            self._lease.release()
 
     def _size_plans(self, time: int) -> bool:
         """Set how Spark plans the step at `time` in this dataflow's session (its stages
@@ -408,31 +451,36 @@ class Incremental(Maintainer):
 
         return step, commit
 
-    def _bindings(self, time: int, lease: Lease, small: bool) -> tuple[dict[int, Binding], dict[int, Version], list[Callable[[], None]]]:
+    def _bindings(
+        self, time: int, lease: Lease, small: bool, rehearsal: Mapping[str, BatchFile] | None = None
+    ) -> tuple[dict[int, Binding], dict[int, Version], list[Callable[[], None]]]:
         """Each leaf's binding for a step at `time` (reading bases under `lease`), the
         index versions bound as new, and the commits of the stages stepped for it (a
         stage's step is planned here, before this query binds its own views, and is as
-        `small` as this query's)."""
+        `small` as this query's). With `rehearsal`, the changes are made up (`rehearse`)."""
         bindings, bound, commits = {}, {}, []
         stepped: dict[_Stage, Binding] = {}  # a stage read by several leaves steps once
         for leaf in self.plan.leaves:
             if leaf.stage is not None:
                 stage = self.stages[leaf.position]
                 if stage not in stepped:
-                    stepped[stage], commit = stage.binding(time, lease, small)
+                    stepped[stage], commit = stage.binding(time, lease, small, rehearsal)
                     commits.append(commit)
                 bindings[leaf.position] = stepped[stage]
                 continue
             source = self.inputs[leaf.name]
             if isinstance(source, StorageReader):
-                bindings[leaf.position] = self._storage_binding(source, leaf.columns, time, lease)
+                made_up = None if rehearsal is None else rehearsal.get(leaf.name)
+                bindings[leaf.position] = self._storage_binding(source, leaf.columns, time, lease, made_up)
             else:
                 bindings[leaf.position], bound[leaf.position] = self._index_binding(leaf.position, source, time)
         return bindings, bound, commits
 
-    def _storage_binding(self, reader: StorageReader, columns: tuple[str, ...], time: int, lease: Lease) -> Binding:
-        def updates(through: int, after: int | None = None) -> DataFrame:
-            frame = reader.updates(self.session, through, after=after, lease=lease if self._cache else None)
+    def _storage_binding(
+        self, reader: StorageReader, columns: tuple[str, ...], time: int, lease: Lease, made_up: BatchFile | None = None
+    ) -> Binding:
+        def updates(through: int, after: int | None = None, made_up: BatchFile | None = None) -> DataFrame:
+            frame = reader.updates(self.session, through, after=after, lease=lease if self._cache else None, made_up=made_up)
             # One call into the JVM (a Column object per name costs ~1 ms each: 17 ms for
             # lineitem's columns, measured, where this takes 3).
             return frame.selectExpr(*(quote(c) for c in columns), DIFF)
@@ -440,6 +488,8 @@ class Incremental(Maintainer):
         last = self.last_time
         if last is None:
             return Binding(lambda: updates(time), lambda: updates(time).limit(0), None)
+        if made_up is not None:  # a rehearsal, at the last step's time
+            return Binding(lambda: updates(time, made_up=made_up), lambda: updates(last), lambda: updates(time, time, made_up))
         changed = reader.has_changes(last, time)
         return Binding(lambda: updates(time), lambda: updates(last), (lambda: updates(time, last)) if changed else None)
 
@@ -479,12 +529,14 @@ class _Stage:
         self.query = Incremental(desc, leaf.stage, session, inputs)
         self.rows: DataFrame | None = None  # the output at the last step
 
-    def binding(self, time: int, lease: Lease, small: bool) -> tuple[Binding, Callable[[], None]]:
+    def binding(
+        self, time: int, lease: Lease, small: bool, rehearsal: Mapping[str, BatchFile] | None = None
+    ) -> tuple[Binding, Callable[[], None]]:
         """The leaf's binding for a step at `time` (reading bases under the query's
-        `lease`), and the commit keeping the stage's state (to run once the step's
-        output is used)."""
+        `lease`; over made-up changes, with `rehearsal`), and the commit keeping the
+        stage's state (to run once the step's output is used)."""
         query = self.query
-        bindings, bound, commits = query._bindings(time, lease, small)
+        bindings, bound, commits = query._bindings(time, lease, small, rehearsal)
         if query.light and not any(b.changed for b in bindings.values()):
             rows = self.rows
 

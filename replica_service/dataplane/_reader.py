@@ -30,8 +30,11 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import NamedTuple
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
@@ -217,11 +220,14 @@ class StorageReader:
 
     # --- DataFrames ----------------------------------------------------------------------
 
-    def updates(self, session: SparkSession, through: int, *, after: int | None = None, lease: Lease | None = None) -> DataFrame:
+    def updates(
+        self, session: SparkSession, through: int, *, after: int | None = None, lease: Lease | None = None, made_up: BatchFile | None = None
+    ) -> DataFrame:
         """The updates with `after < _time <= through` (user columns, `_time`, `_diff`),
-        unconsolidated. Under a `lease` (for inputs read whole at every step: the other
-        sides of a join), the updates through an earlier time come from a persisted base
-        shared by every step that asks, held by the lease."""
+        unconsolidated; and `made_up`'s, all of them, read with the newest stored ones
+        (`rehearsal_batch`). Under a `lease` (for inputs read whole at every step: the
+        other sides of a join), the updates through an earlier time come from a
+        persisted base shared by every step that asks, held by the lease."""
         with self._lock:
             self._check_readable(after + 1 if after is not None else through, through)
             batches = [b for b in self._batches if _overlaps(b, after, through)]
@@ -233,12 +239,41 @@ class StorageReader:
                 base = self._base = self._new_base(session, batches, through)
             if base is not None:
                 lease._hold(self, base)
+        extra = [made_up] if made_up is not None else []
         if base is not None:
             frame = in_session(base.frame, session)
-            newer = self._read(session, [b for b in batches if _overlaps(b, base.through, through)], base.through, through)
+            newer = self._read(session, [b for b in batches if _overlaps(b, base.through, through)] + extra, base.through, through)
             return frame.unionByName(newer) if newer is not None else frame
-        frame = self._read(session, batches, after, through)
+        frame = self._read(session, batches + extra, after, through)
         return frame if frame is not None else self.empty(session)
+
+    def rehearsal_batch(self, session: SparkSession, directory: Path, rows: int) -> BatchFile | None:
+        """A made-up batch for a rehearsal step (`Incremental.rehearse`), which `updates`
+        reads beside the stored ones: `rows` rows the newest batch inserted, retracted,
+        and as many more inserted again. Its file is written in `directory` once
+        (blocking: a Spark job collects the rows); executors must see `directory`, as
+        they do on the replica's own machine. None when no batch inserts anything."""
+        path = directory / f"{self.id}.parquet"
+        if not path.exists():
+            with self._lock:
+                batches = [b for b in self._batches if b.rows]
+            inserted = None
+            for batch in reversed(batches):
+                read = session.read.schema(self.file_ddl).parquet(batch.uri)
+                inserted = read.where(F.col(DIFF) > 0).limit(2 * rows).toArrow()
+                if inserted.num_rows:
+                    break
+            if inserted is None or not inserted.num_rows:
+                return None
+            retracted = inserted.slice(0, rows)
+            retracted = retracted.set_column(retracted.schema.get_field_index(DIFF), DIFF, pc.negate(retracted[DIFF]))
+            made_up = pa.concat_tables([retracted, inserted.slice(rows)]).cast(file_schema(self.schema))
+            directory.mkdir(parents=True, exist_ok=True)
+            written = path.with_suffix(f".{threading.get_ident()}.tmp")  # two steps may write it at once
+            pq.write_table(made_up, written)
+            written.replace(path)
+        # No times: read unfiltered, as a change's batch is (`_read`).
+        return BatchFile(0, Frontier.minimum(), str(path), (), False, pq.read_metadata(path).num_rows)
 
     def empty(self, session: SparkSession) -> DataFrame:
         """No updates, in the files' schema (built in the JVM from an empty Arrow table:
