@@ -101,6 +101,9 @@ class Dataflow:
     stepping: Future | None = None
     last_step_ms: int = 0
     rows_changed: int = 0  # by the latest step
+    # What its next step is expected to take: the last one's time, or after its
+    # hydration, its rehearsal's (`Replica._rehearse`).
+    expected_step_ms: int = 0
 
     def __post_init__(self) -> None:
         self.frontier = self.desc.as_of

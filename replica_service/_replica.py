@@ -573,7 +573,7 @@ class Replica:
                 times = dataflow.next_times(upper)
                 for position, time in enumerate(times):
                     following = Frontier(times[position + 1]) if position + 1 < len(times) else upper
-                    await self._step(dataflow, session, time, following)
+                    await self._step(dataflow, session, time, following, last=position + 1 == len(times))
                 if not times and upper > dataflow.frontier and dataflow.last_computed is not None:
                     await self._advance_sinks(dataflow, upper)
                 self._advance(dataflow, upper)
@@ -636,10 +636,11 @@ class Replica:
         log.warning("dataflow %s failed: %s", dataflow.desc.name, error)
         self._notify_progress()
 
-    async def _step(self, dataflow: Dataflow, session: SparkSession, time: int, following: Frontier) -> None:
+    async def _step(self, dataflow: Dataflow, session: SparkSession, time: int, following: Frontier, *, last: bool) -> None:
         """Compute `dataflow` at `time` (a Spark step: versions collected for its indexes,
         changes written to its sinks), install it, and advance the dataflow to
-        `following` (the next time to compute, or the inputs' upper)."""
+        `following` (the next time to compute, or the inputs' upper). A hydration that
+        is the `last` time to compute for now ends with a rehearsal (`_rehearse`)."""
         loop = asyncio.get_running_loop()
         previous = _latest_rows(dataflow)
         # A sink holds this version until the next one; with closed inputs, from now on.
@@ -649,11 +650,12 @@ class Replica:
         group = dataflow.job_group = _spark.step_job_group(dataflow.id, time)
         try:
             pool = self._light_step_pool if dataflow.light else self._step_pool
-            # Ordered by cost (`StepPool`): the last step's time is the best guess; before
-            # the first (a hydration, a pass over whole snapshots), the costliest.
-            cost = dataflow.last_step_ms if dataflow.steps else math.inf
-            dataflow.stepping = pool.submit_costed(cost, self._compute, dataflow, session, time, group, previous, sink_upper)
-            rows, changed, started = await asyncio.wrap_future(dataflow.stepping)
+            # Ordered by cost (`StepPool`): what the step is expected to take; before the
+            # first (a hydration, a pass over whole snapshots), the costliest.
+            cost = dataflow.expected_step_ms if dataflow.steps else math.inf
+            rehearse = last and not dataflow.steps
+            dataflow.stepping = pool.submit_costed(cost, self._compute, dataflow, session, time, group, previous, sink_upper, rehearse)
+            rows, changed, started, elapsed_ms, rehearsal_ms = await asyncio.wrap_future(dataflow.stepping)
         except asyncio.CancelledError:
             # Dropped (or the replica stops): its Spark jobs stop too, and later ones of
             # the step are refused, so that they no longer hold the cluster. Called here,
@@ -669,9 +671,8 @@ class Replica:
             dataflow.job_group = None
             if dataflow.stepping is not None and dataflow.stepping.done():  # else a drop's release waits for it
                 dataflow.stepping = None  # its result holds a whole version's rows
-        # The step's own time: not the wait for a free worker, which says how busy the
-        # replica is, not what the step costs.
-        elapsed_ms = int(1000 * (monotonic() - started))
+        # The step's own time (`elapsed_ms`): not the wait for a free worker, which says
+        # how busy the replica is, not what the step costs.
         self.metrics.observe_step(dataflow, elapsed_ms, changed)
         if rows is not None and rows.num_rows and dataflow.desc.name == self._perturbed:
             rows = pa.concat_tables([rows, rows.slice(rows.num_rows - 1)])
@@ -679,6 +680,8 @@ class Replica:
             "dataflow %s: computed time %d in %d ms (after %d ms waiting for a worker), %d rows changed",
             dataflow.desc.name, time, elapsed_ms, int(1000 * (started - queued)), changed,
         )
+        if rehearsal_ms is not None:
+            log.info("dataflow %s: rehearsed a step in %d ms", dataflow.desc.name, rehearsal_ms)
         for arrangement in dataflow.arrangements.values():
             version = await loop.run_in_executor(self._io_pool, Version.build, time, rows, arrangement.key)
             arrangement.insert(version)
@@ -686,13 +689,16 @@ class Replica:
         dataflow.last_computed = time
         dataflow.steps += 1
         dataflow.last_step_ms, dataflow.rows_changed = elapsed_ms, changed
+        dataflow.expected_step_ms = rehearsal_ms if rehearsal_ms is not None else elapsed_ms
         self._advance(dataflow, following)
 
     def _compute(
-        self, dataflow: Dataflow, session: SparkSession, time: int, group: str, previous: pa.Table | None, sink_upper: int
-    ) -> tuple[pa.Table | None, int, float]:
+        self, dataflow: Dataflow, session: SparkSession, time: int, group: str, previous: pa.Table | None, sink_upper: int, rehearse: bool
+    ) -> tuple[pa.Table | None, int, float, int, int | None]:
         """One step (blocking, on a step worker): the whole version for the indexes (None
-        without any), the rows it changed and when the step started; the sinks written."""
+        without any), the rows it changed, when the step started and its milliseconds;
+        the sinks written. Then, if `rehearse`, the rehearsal's milliseconds (None: none
+        was run, or it failed)."""
         started = monotonic()
         session.sparkContext.setLocalProperty("spark.scheduler.pool", _spark.LIGHT_POOL if dataflow.light else dataflow.id)
         # Its jobs' tasks are the hydration progress the status reports.
@@ -717,8 +723,29 @@ class Replica:
             output.abandon()  # failed, or cancelled by a drop: what it persisted goes now
             raise
         output.finish()
+        elapsed_ms = int(1000 * (monotonic() - started))
+        rehearsal_ms = self._rehearse(dataflow) if rehearse and dataflow.maintainer.light else None
         _spark.release_dropped_proxies()
-        return rows, output.rows_changed, started
+        return rows, output.rows_changed, started, elapsed_ms, rehearsal_ms
+
+    def _rehearse(self, dataflow: Dataflow) -> int | None:
+        """Right after its hydration, and before it is reported, an incremental dataflow
+        computes a step over made-up changes and keeps nothing (`Maintainer.rehearse`):
+        the code its first steps run is compiled then, not at the first change, which
+        took 2-3 times as long as later ones. So a hydrated dataflow steps as fast as
+        it will; reads of a new dataflow wait the rehearsal's time more. Its time is
+        what the first step is expected to take (the hydration's says little of it).
+        A rehearsal that fails only logs: the steps will compile their code themselves.
+        Returns its milliseconds (None: it failed)."""
+        started = monotonic()
+        try:
+            dataflow.maintainer.rehearse(self.work_dir / "rehearsals")
+        except Exception as e:
+            if isinstance(e, (Py4JNetworkError, ConnectionError)) or not _spark.jvm_alive():
+                raise  # the step loop's to handle
+            log.warning("dataflow %s: its rehearsal failed: %s", dataflow.desc.name, _spark_error_message(e))
+            return None
+        return int(1000 * (monotonic() - started))
 
     async def _advance_sinks(self, dataflow: Dataflow, upper: Frontier) -> None:
         """Move every live sink's upper to `upper`: no input changed below it."""
