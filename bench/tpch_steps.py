@@ -2,17 +2,19 @@
 without the controller: seconds of each step, and the CPU the change cost the JVM (all
 of Spark: planning, jobs, collection, GC) and this process (the Python side).
 
-    .venv/bin/python bench/tpch_steps.py [--sf 0.1] [--changes 3] [--queries q18,q21] [--recompute]
+    .venv/bin/python bench/tpch_steps.py [--sf 0.1] [--changes 3] [--queries q18,q21] [--recompute] [--no-rehearsal]
 
 The TPC-H tables are loaded into scratch storage and the chosen queries kept by Tandem's
 own maintainer (`maintainer`: incremental where the planner finds a delta plan, else
 recomputed), in one local[2] / 1 GB session with an instance's default settings, as a
-replica keeps them. After hydration, each change (1,000 lineitem rows, half retractions:
+replica keeps them. After hydration, each query rehearses a step, as a replica does
+(`Incremental.rehearse`; not with `--no-rehearsal`); then each change (1,000 lineitem rows, half retractions:
 the change, its undo, the change, ...) is appended at one time to every table (empty
 batches to all but lineitem, as storage uppers move together in a replica), and the
 queries that read lineitem are stepped one after another, each timed from `step` to
 `finish` (its changes applied to its index version); the others are told nothing
 changed. `--recompute` forces every query to full recompute, for the side-by-side.
+Each change's row also says how many classes Spark compiled for its generated code.
 
 The JVM's CPU is also broken down by kind of thread, over all the changes: what Spark's
 driver does for the steps (analysis, planning), what the executors' tasks do, garbage
@@ -56,6 +58,7 @@ def main() -> None:
     parser.add_argument("--changes", type=int, default=3)
     parser.add_argument("--queries", default=",".join(tpch.QUERIES))
     parser.add_argument("--recompute", action="store_true", help="every query recomputed in full")
+    parser.add_argument("--no-rehearsal", action="store_true", help="no rehearsal step after hydration")
     args = parser.parse_args()
     names = [q for q in args.queries.split(",") if q]
     unknown = sorted(set(names) - set(tpch.QUERIES))
@@ -81,6 +84,11 @@ def main() -> None:
         for q in names:
             steps.step(q, 1)
         log(f"{len(names)} queries hydrated in {time.perf_counter() - started:.1f} s")
+        if not args.no_rehearsal:
+            started = time.perf_counter()
+            for q in names:
+                flows[q].rehearse(root / "rehearsals")
+            log(f"{len(names)} queries rehearsed in {time.perf_counter() - started:.1f} s ({_compiled(session)} classes compiled so far)")
 
         change = tpch.lineitem_change(tables, CHANGE_ROWS, seed=1)
         undo = change.set_column(
@@ -92,8 +100,8 @@ def main() -> None:
         print(
             f"\n## TPC-H SF {args.sf}: steps after a {CHANGE_ROWS:,}-row lineitem change (local[2] / 1 GB, one session)\n"
         )
-        print("| change | the steps' seconds | JVM CPU (s) | Python CPU (s) | slowest |")
-        print("|---|---|---|---|---|")
+        print("| change | the steps' seconds | JVM CPU (s) | Python CPU (s) | classes compiled | slowest |")
+        print("|---|---|---|---|---|---|")
         for number in range(1, args.changes + 1):
             at = 1 + number
             for name in tpch.TABLES:
@@ -105,6 +113,7 @@ def main() -> None:
                 storage.append(ids[name], batch, ts=at)
                 readers[name].refresh(session)
             cpu.mark()
+            compiled = _compiled(session)
             for q in names:
                 if q in seconds:
                     seconds[q].append(steps.step(q, at))
@@ -114,6 +123,7 @@ def main() -> None:
             slowest = sorted(stepped, key=lambda q: -seconds[q][-1])[:3]
             print(
                 f"| {number} | {sum(seconds[q][-1] for q in stepped):.2f} | {jvm:.1f} | {python:.1f} | "
+                f"{_compiled(session) - compiled} | "
                 + ", ".join(f"{q} {seconds[q][-1]:.2f}" for q in slowest)
                 + " |",
                 flush=True,
@@ -150,6 +160,11 @@ def _maintainer(
         except NotIncremental:
             continue
     raise AssertionError("recompute always has a maintainer")
+
+
+def _compiled(session) -> int:
+    """How many classes Spark's generated code compiled to in this JVM so far."""
+    return session._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME().getCount()
 
 
 class _Steps:
