@@ -736,10 +736,11 @@ class Replica:
         it will; reads of a new dataflow wait the rehearsal's time more. Its time is
         what the first step is expected to take (the hydration's says little of it).
         A rehearsal that fails only logs: the steps will compile their code themselves.
-        Returns its milliseconds (None: it failed)."""
+        Returns its milliseconds (None: it failed, or there was nothing to rehearse)."""
         started = monotonic()
         try:
-            dataflow.maintainer.rehearse(self.work_dir / "rehearsals")
+            if not dataflow.maintainer.rehearse(self.work_dir / "rehearsals"):
+                return None
         except Exception as e:
             if isinstance(e, (Py4JNetworkError, ConnectionError)) or not _spark.jvm_alive():
                 raise  # the step loop's to handle

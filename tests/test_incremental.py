@@ -327,7 +327,7 @@ def test_a_rehearsal_compiles_the_next_steps_code_and_keeps_nothing(env, tmp_pat
                 compiled_first = compilations.getCount() - before
             if number == 0 and rehearse:
                 kept, compiled = persisted(), compilations.getCount()
-                flow.maintainer.rehearse(tmp_path / str(factor))
+                assert flow.maintainer.rehearse(tmp_path / str(factor))
                 assert compilations.getCount() > compiled
                 assert persisted() == kept
         release([flow], readers.values())

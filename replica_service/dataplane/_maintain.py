@@ -99,9 +99,11 @@ class Maintainer:
     def step(self, time: int) -> StepOutput:
         raise NotImplementedError
 
-    def rehearse(self, directory: Path) -> None:
-        """Compute a step over made-up changes and keep nothing (`Incremental.rehearse`).
-        A recompute's every step runs its hydration's query again: nothing to warm."""
+    def rehearse(self, directory: Path) -> bool:
+        """Compute a step over made-up changes and keep nothing (`Incremental.rehearse`);
+        whether one ran. A recompute's every step runs its hydration's query again:
+        nothing to warm."""
+        return False
 
     def restore(self, time: int) -> None:
         """Rebuild the state of a dataflow whose versions are computed through `time`
@@ -333,7 +335,7 @@ class Incremental(Maintainer):
 
         return StepOutput(time, version, lambda current: changes, finish, abandon)
 
-    def rehearse(self, directory: Path) -> None:
+    def rehearse(self, directory: Path) -> bool:
         """Compute a step at the last step's time as if its largest storage input (a
         star schema's fact table, which is what changes) had changed by a made-up batch
         (`StorageReader.rehearsal_batch`, written in `directory`), collect its output
@@ -347,15 +349,16 @@ class Incremental(Maintainer):
         replica's steps), and 77 more at the second. Generated code is cached by its
         text (`spark.sql.codegen.cache.maxEntries`), which depends on a plan's shape
         and types, not on its rows or times, and the made-up batch is read as a
-        change's is: the rehearsal's plans are those of a change of that input."""
+        change's is: the rehearsal's plans are those of a change of that input. False
+        when there was nothing to rehearse: no storage input, or none with rows."""
         assert self.light, "a rehearsal follows the hydration"
         readers = {name: source for name, source in self.inputs.items() if isinstance(source, StorageReader)}
         if not readers:
-            return
+            return False
         name = max(readers, key=lambda n: readers[n].change_rows(None, self.last_time))
         made_up = readers[name].rehearsal_batch(self.session, directory, REHEARSAL_ROWS)
         if made_up is None:
-            return
+            return False
         frame, _ = self.changes(self.last_time, consolidated=False, rehearsal={name: made_up})
         try:
             frame.toArrow()
@@ -363,6 +366,7 @@ class Incremental(Maintainer):
             for state in self._states():
                 state.abandon()
             self._lease.release()
+        return True
 
     def _size_plans(self, time: int) -> bool:
         """Set how Spark plans the step at `time` in this dataflow's session (its stages
