@@ -358,8 +358,8 @@ class Incremental(Maintainer):
         made_up = readers[name].rehearsal_batch(self.session, directory, REHEARSAL_ROWS)
         if made_up is None:
             return False
-        frame, _ = self.changes(self.last_time, consolidated=False, rehearsal={name: made_up})
-        try:
+        try:  # a rehearsal cancelled or failed half-way keeps nothing either
+            frame, _ = self.changes(self.last_time, consolidated=False, rehearsal={name: made_up})
             frame.toArrow()
         finally:
             for state in self._states():
