@@ -104,6 +104,8 @@ class Dataflow:
     # What its next step is expected to take: the last one's time, or after its
     # hydration, its rehearsal's (`Replica._rehearse`).
     expected_step_ms: int = 0
+    rehearsal_due: bool = False  # an incremental hydration, not rehearsed or stepped since
+    rehearsal: tuple[Future, str] | None = None  # its rehearsal's future and Spark job group
 
     def __post_init__(self) -> None:
         self.frontier = self.desc.as_of
@@ -128,6 +130,13 @@ class Dataflow:
         for arrangement in self.arrangements.values():
             since = since.meet(arrangement.since)
         return since.join(self.desc.as_of) if self.arrangements else since
+
+    def changes_waiting(self, after: int) -> bool:
+        """Some input changed after `after`, as far as this replica has read it (the
+        storage poller reads manifests in the background): a step is due. Safe on a
+        step worker: readers lock their batches, and an arrangement's versions are only
+        appended to or trimmed."""
+        return bool(change_times(self.inputs, after, Frontier.empty()))
 
     def input_upper(self) -> Frontier:
         """The meet of the inputs' uppers, capped at `until`: the frontier the dataflow
