@@ -295,6 +295,8 @@ def test_controller_killed_mid_operations_leaves_catalog_and_replicas_agreeing(d
     finally:  # the later drills run beside `totals` alone, whatever this one found
         for name in [n for n in dataflows if n.startswith("churn")]:
             client.drop_dataflow("duo", name)
+    for name in ("managed", "external"):  # and from replicas done with what the churn set off
+        drill.settled("duo", name)
 
 
 def _descendants(pid: int) -> list[int]:
