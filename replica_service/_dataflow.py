@@ -104,8 +104,9 @@ class Dataflow:
     # What its next step is expected to take: the last one's time, or after its
     # hydration, its rehearsal's (`Replica._rehearse`).
     expected_step_ms: int = 0
-    rehearsal_due: bool = False  # an incremental hydration, not rehearsed or stepped since
-    rehearsal: tuple[Future, str] | None = None  # its rehearsal's future and Spark job group
+    # Built from a session's replayed history (a replica added, restarted or
+    # reconnected, catching up), not created live: its hydration rehearses nothing.
+    replayed: bool = False
 
     def __post_init__(self) -> None:
         self.frontier = self.desc.as_of

@@ -45,7 +45,7 @@ import asyncio
 import logging
 import math
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from time import monotonic
@@ -409,6 +409,9 @@ class Replica:
         for command in replay:
             if not (isinstance(command, CreateDataflow) and command.desc.export_ids[0] in kept):
                 self._apply(command)
+        for id in wanted.keys() - kept.keys():
+            if id in self.dataflows:
+                self.dataflows[id].replayed = True  # catching up: its hydration rehearses nothing
 
     # --- Commands ------------------------------------------------------------------------
 
@@ -555,7 +558,6 @@ class Replica:
         try:
             await self._steps(dataflow, self.wakeups[dataflow.id])
         finally:
-            self._stop_rehearsal(dataflow)
             self._release_state(dataflow)
 
     async def _steps(self, dataflow: Dataflow, wakeup: asyncio.Event) -> None:
@@ -572,16 +574,12 @@ class Replica:
                 await self._refresh_readers(dataflow)
                 upper = dataflow.input_upper()  # fixed for this round: inputs move meanwhile
                 times = dataflow.next_times(upper)
-                if times and (rehearsal := self._stop_rehearsal(dataflow)) is not None:
-                    await asyncio.wrap_future(rehearsal)  # stopping: the step goes on after it
                 for position, time in enumerate(times):
                     following = Frontier(times[position + 1]) if position + 1 < len(times) else upper
-                    await self._step(dataflow, session, time, following)
+                    await self._step(dataflow, session, time, following, last=position + 1 == len(times))
                 if not times and upper > dataflow.frontier and dataflow.last_computed is not None:
                     await self._advance_sinks(dataflow, upper)
                 self._advance(dataflow, upper)
-                if dataflow.rehearsal_due and not dataflow.changes_waiting(dataflow.last_computed):
-                    self._start_rehearsal(dataflow, session)
                 passing_failures = 0
             except Exception as e:
                 if isinstance(e, (Py4JNetworkError, ConnectionError)) or not _spark.jvm_alive():
@@ -601,8 +599,6 @@ class Replica:
                     passing_failures += 1
                     message = _spark_error_message(e)
                     log.warning("dataflow %s: step failed (%s), rebuilding its state, retry %d", dataflow.desc.name, message, passing_failures)
-                    if (rehearsal := self._stop_rehearsal(dataflow)) is not None:
-                        await asyncio.wrap_future(rehearsal)
                     self._release_state(dataflow)
                     await asyncio.sleep(min(2**passing_failures, 30))
                     wakeup.set()
@@ -616,12 +612,12 @@ class Replica:
     def _release_state(self, dataflow: Dataflow) -> None:
         """Release the Spark state of `dataflow`'s maintainer (its checkpoints: a drop
         would otherwise leave them until the JVM collects their RDDs, which may take half
-        an hour); a next step builds a new one. With a step or a rehearsal still on a
-        worker (a drop cancelled the task awaiting it), once that ends."""
-        for work in (dataflow.stepping, dataflow.rehearsal and dataflow.rehearsal[0]):
-            if work is not None and not work.done():
-                work.add_done_callback(lambda _: self._release_state(dataflow))
-                return
+        an hour); a next step builds a new one. With a step still on a worker (a drop
+        cancelled the task awaiting it), once that step ends."""
+        step = dataflow.stepping
+        if step is not None and not step.done():
+            step.add_done_callback(lambda _: self._release_state(dataflow))
+            return
         built, dataflow.maintainer = dataflow.maintainer, None
         if built is not None:
             try:
@@ -643,10 +639,12 @@ class Replica:
         log.warning("dataflow %s failed: %s", dataflow.desc.name, error)
         self._notify_progress()
 
-    async def _step(self, dataflow: Dataflow, session: SparkSession, time: int, following: Frontier) -> None:
+    async def _step(self, dataflow: Dataflow, session: SparkSession, time: int, following: Frontier, *, last: bool) -> None:
         """Compute `dataflow` at `time` (a Spark step: versions collected for its indexes,
         changes written to its sinks), install it, and advance the dataflow to
-        `following` (the next time to compute, or the inputs' upper)."""
+        `following` (the next time to compute, or the inputs' upper). The hydration of a
+        dataflow created live that is the `last` time to compute for now ends with a
+        rehearsal (`_rehearse`)."""
         loop = asyncio.get_running_loop()
         previous = _latest_rows(dataflow)
         # A sink holds this version until the next one; with closed inputs, from now on.
@@ -659,11 +657,9 @@ class Replica:
             # Ordered by cost (`StepPool`): what the step is expected to take; before the
             # first (a hydration, a pass over whole snapshots), the costliest.
             cost = dataflow.expected_step_ms if dataflow.steps else math.inf
-            if pool is self._light_step_pool:
-                for other in self.dataflows.values():  # speculative work yields its worker
-                    self._stop_rehearsal(other)
-            dataflow.stepping = pool.submit_costed(cost, self._compute, dataflow, session, time, group, previous, sink_upper)
-            rows, changed, started, elapsed_ms = await asyncio.wrap_future(dataflow.stepping)
+            rehearse = last and not dataflow.steps and not dataflow.replayed
+            dataflow.stepping = pool.submit_costed(cost, self._compute, dataflow, session, time, group, previous, sink_upper, rehearse)
+            rows, changed, started, elapsed_ms, rehearsal_ms = await asyncio.wrap_future(dataflow.stepping)
         except asyncio.CancelledError:
             # Dropped (or the replica stops): its Spark jobs stop too, and later ones of
             # the step are refused, so that they no longer hold the cluster. Called here,
@@ -688,23 +684,25 @@ class Replica:
             "dataflow %s: computed time %d in %d ms (after %d ms waiting for a worker), %d rows changed",
             dataflow.desc.name, time, elapsed_ms, int(1000 * (started - queued)), changed,
         )
+        if rehearsal_ms is not None:
+            log.info("dataflow %s: rehearsed a step in %d ms", dataflow.desc.name, rehearsal_ms)
         for arrangement in dataflow.arrangements.values():
             version = await loop.run_in_executor(self._io_pool, Version.build, time, rows, arrangement.key)
             arrangement.insert(version)
             dataflow.digest, dataflow.digest_time = version.digest, time
         dataflow.last_computed = time
-        dataflow.rehearsal_due = not dataflow.steps and dataflow.light  # a hydration, incremental
         dataflow.steps += 1
         dataflow.last_step_ms, dataflow.rows_changed = elapsed_ms, changed
-        dataflow.expected_step_ms = elapsed_ms
+        dataflow.expected_step_ms = rehearsal_ms if rehearsal_ms is not None else elapsed_ms
         self._advance(dataflow, following)
 
     def _compute(
-        self, dataflow: Dataflow, session: SparkSession, time: int, group: str, previous: pa.Table | None, sink_upper: int
-    ) -> tuple[pa.Table | None, int, float, int]:
+        self, dataflow: Dataflow, session: SparkSession, time: int, group: str, previous: pa.Table | None, sink_upper: int, rehearse: bool
+    ) -> tuple[pa.Table | None, int, float, int, int | None]:
         """One step (blocking, on a step worker): the whole version for the indexes (None
         without any), the rows it changed, when the step started and its milliseconds;
-        the sinks written."""
+        the sinks written. Then, if `rehearse`, the rehearsal's milliseconds (None: none
+        was run, or it failed)."""
         started = monotonic()
         session.sparkContext.setLocalProperty("spark.scheduler.pool", _spark.LIGHT_POOL if dataflow.light else dataflow.id)
         # Its jobs' tasks are the hydration progress the status reports.
@@ -730,71 +728,41 @@ class Replica:
             raise
         output.finish()
         elapsed_ms = int(1000 * (monotonic() - started))
+        rehearsal_ms = self._rehearse(dataflow, time) if rehearse and dataflow.maintainer.light else None
         _spark.release_dropped_proxies()
-        return rows, output.rows_changed, started, elapsed_ms
+        return rows, output.rows_changed, started, elapsed_ms, rehearsal_ms
 
-    # --- Rehearsals -------------------------------------------------------------------------
+    def _rehearse(self, dataflow: Dataflow, hydrated_at: int) -> int | None:
+        """Right after its hydration (at `hydrated_at`), and before it is reported, an
+        incremental dataflow computes a step over made-up changes and keeps nothing
+        (`Maintainer.rehearse`): the code its first steps run is compiled then, not at
+        the first change (TPC-H's cost the JVM 43.2 CPU-s against the third's 30.1
+        without one, in one process). So a hydrated dataflow steps as fast as it will;
+        reads of a new dataflow wait the rehearsal's time more. Its time is what the
+        first step is expected to take (the hydration's says little of it).
 
-    def _start_rehearsal(self, dataflow: Dataflow, session: SparkSession) -> None:
-        """Rehearse `dataflow`'s first step (`_rehearse`) once a light worker is idle.
-
-        An incremental dataflow's hydration evaluates its full query; its first steps
-        would then generate and compile the code of the derivative terms and of the
-        queries over the state (TPC-H's first change cost the JVM 43.2 CPU-s against
-        the third's 30.1, in one process). A rehearsal compiles it before that change.
-        It is speculative work, so it runs after the hydration is reported, only when
-        no step waits for a light worker (`StepPool.submit_idle`), and a step queued
-        on those workers stops it (`_stop_rehearsal`): a step waits at most for the
-        cancelled Spark jobs of the rehearsal of its own dataflow to end. One stopped
-        starts again when its dataflow has no change to step. (Rehearsing inside the
-        hydration, before it was reported, made a replica catching up on seven
-        dataflows after a controller restart 0.4-2.7 s later with each on `xsmall`,
-        until it fell more than `max_hold_back_ms` behind the other and was evicted
-        again and again: CI, `test_drills.py`.)"""
-        dataflow.rehearsal_due = False
-        group = _spark.step_job_group(dataflow.id, dataflow.last_computed)
-        dataflow.rehearsal = (self._light_step_pool.submit_idle(self._rehearse, dataflow, session, group), group)
-
-    def _stop_rehearsal(self, dataflow: Dataflow) -> Future | None:
-        """Stop `dataflow`'s rehearsal: one waiting for a worker never runs, one
-        running has its Spark jobs cancelled (what it compiled so far stays compiled);
-        either is due again (a step of the dataflow clears that). Returns the running
-        one, for a step of the dataflow to wait until it has ended."""
-        rehearsal, dataflow.rehearsal = dataflow.rehearsal, None
-        if rehearsal is None or rehearsal[0].done():
+        Only a dataflow created live rehearses (`_step`): one rebuilt from a replayed
+        history belongs to a replica catching up, whose hydrations are not to wait for
+        anything more. (In CI, rehearsals made an `xsmall` replica rebuilding seven
+        dataflows after a controller restart 0.4-2.7 s later with each; it fell more
+        than `max_hold_back_ms` behind the other and was evicted again and again:
+        `test_drills.py`.) And none runs when a change came during the hydration: the
+        step due for it compiles that code anyway, and a rehearsal first would only
+        delay it. A rehearsal that fails only logs: the steps will compile their code
+        themselves. Returns its milliseconds (None: none ran, or it failed)."""
+        if dataflow.changes_waiting(hydrated_at):
+            log.info("dataflow %s: no rehearsal: its inputs changed during its hydration", dataflow.desc.name)
             return None
-        dataflow.rehearsal_due = True
-        future, group = rehearsal
-        if future.cancel():
-            return None
-        try:
-            _spark.cancel_jobs(group)
-        except Exception as e:  # a dead JVM runs nothing
-            log.warning("dataflow %s: cancelling its rehearsal's Spark jobs failed: %s", dataflow.desc.name, e)
-        dataflow.rehearsal = rehearsal  # a drop's release waits for it
-        return future
-
-    def _rehearse(self, dataflow: Dataflow, session: SparkSession, group: str) -> None:
-        """Compute a step of `dataflow` over made-up changes and keep nothing
-        (`Maintainer.rehearse`; blocking, on a light worker, in job group `group`). Its
-        time is what the first step is expected to take (the hydration's says little
-        of it). One that fails or is stopped only logs: the steps compile their code
-        themselves."""
-        context = session.sparkContext
-        context.setLocalProperty("spark.scheduler.pool", _spark.LIGHT_POOL)
-        context.setJobGroup(group, f"dataflow {dataflow.desc.name}: a rehearsal")
         started = monotonic()
         try:
-            if dataflow.maintainer is None or not dataflow.maintainer.rehearse(self.work_dir / "rehearsals"):
-                return
-        except Exception as e:  # a JVM lost meanwhile is the next step's to find (not a stopping replica's)
-            log.info("dataflow %s: its rehearsal was stopped or failed: %s", dataflow.desc.name, _spark_error_message(e))
-            return
-        finally:
-            _spark.release_dropped_proxies()
-        elapsed_ms = int(1000 * (monotonic() - started))
-        dataflow.expected_step_ms = elapsed_ms
-        log.info("dataflow %s: rehearsed a step in %d ms", dataflow.desc.name, elapsed_ms)
+            if not dataflow.maintainer.rehearse(self.work_dir / "rehearsals"):
+                return None
+        except Exception as e:
+            if isinstance(e, (Py4JNetworkError, ConnectionError)) or not _spark.jvm_alive():
+                raise  # the step loop's to handle
+            log.warning("dataflow %s: its rehearsal failed: %s", dataflow.desc.name, _spark_error_message(e))
+            return None
+        return int(1000 * (monotonic() - started))
 
     async def _advance_sinks(self, dataflow: Dataflow, upper: Frontier) -> None:
         """Move every live sink's upper to `upper`: no input changed below it."""

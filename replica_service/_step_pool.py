@@ -20,10 +20,6 @@ waiting for ever (or the other way round); so the pool orders by cost within a *
 the work that waits when a worker takes from it. Work submitted after that waits for the
 next batch, which starts when this one is taken. Between batches, work goes first come
 first served: a step waits at most for its own batch and the one before.
-
-Idle work (`submit_idle`: a rehearsal, which no one waits for) is taken only when no
-other work waits, so it never delays a step; a step submitted while it runs still
-waits for it, unless its submitter stops it (`Replica._stop_rehearsal`).
 """
 
 from __future__ import annotations
@@ -31,7 +27,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any
@@ -50,7 +45,6 @@ class StepPool(Executor):
         self._batch: list[_Work] = []  # a heap: what workers take from
         self._open = True  # no worker took from `_batch` yet: submitted work joins it
         self._next: list[_Work] = []  # a heap: the batch after it
-        self._idle: deque[_Work] = deque()  # taken when both are empty, first come first
         self._order = itertools.count()
         self._changed = threading.Condition()
         self._shut_down = False
@@ -68,21 +62,12 @@ class StepPool(Executor):
         (`cheapest_first`) or of a higher one. An unknown cost is `math.inf`."""
         return self._submit(True, cost if self.cheapest_first else -cost, fn, args, kwargs)
 
-    def submit_idle(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
-        """Run `fn(*args, **kwargs)` once no other work waits: before it is taken,
-        work submitted later goes first."""
-        return self._submit(True, 0.0, fn, args, kwargs, idle=True)  # rank: unused, first come first
-
-    def _submit(self, costed: bool, rank: float, fn: Callable[..., Any], args: tuple, kwargs: dict, *, idle: bool = False) -> Future:
+    def _submit(self, costed: bool, rank: float, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Future:
         future: Future = Future()
         with self._changed:
             if self._shut_down:
                 raise RuntimeError("cannot schedule new work after shutdown")
-            work = (costed, rank, next(self._order), future, lambda: fn(*args, **kwargs))
-            if idle:
-                self._idle.append(work)
-            else:
-                heapq.heappush(self._batch if self._open else self._next, work)
+            heapq.heappush(self._batch if self._open else self._next, (costed, rank, next(self._order), future, lambda: fn(*args, **kwargs)))
             self._changed.notify()
         return future
 
@@ -92,10 +77,9 @@ class StepPool(Executor):
         with self._changed:
             self._shut_down = True
             if cancel_futures:
-                for *_, future, _ in [*self._batch, *self._next, *self._idle]:
+                for *_, future, _ in self._batch + self._next:
                     future.cancel()
                 self._batch, self._next = [], []
-                self._idle.clear()
             self._changed.notify_all()
         if wait:
             for thread in self._threads:
@@ -111,8 +95,6 @@ class StepPool(Executor):
                 self._open = False
                 return heapq.heappop(self._batch)
             self._open = True  # taken whole: what comes now is the next batch
-            if self._idle:
-                return self._idle.popleft()
             if self._shut_down:
                 return None
             self._changed.wait()

@@ -701,20 +701,33 @@ LONG_IN_SHORT_TASKS = (
 
 
 def test_an_incremental_dataflow_rehearses_a_step_once_after_hydrating(env, sales, small, spark):
-    """An incremental dataflow's replica rehearses a step over a made-up change once
-    after its hydration is reported, on an idle worker (`Replica._start_rehearsal`);
-    the versions after it are still right. (One hydrated with changes after its
-    `as_of` to compute at once rehearses nothing: those steps compile their code.)"""
+    """An incremental dataflow created live rehearses a step over a made-up change
+    right after its hydration (`Replica._rehearse`), once, before it reports it; the
+    versions after it are still right. One rebuilt from a replayed history rehearses
+    nothing. (Nor does one hydrated with changes after its `as_of` to compute at once:
+    those steps compile their code.)"""
     imports = {"sales": sales["id"], "regions": sales["regions"]}
     as_of = sales["times"][-1]  # hydrated there, with no change after it to step at once
     desc = _dataflow(env, "rehearsed_joined", JOINED, imports, key=["country"], strategy="incremental", as_of=as_of)
     small.send(h.CreateDataflow(desc), h.Schedule(desc.export_ids[0]))
     small.client.wait_frontier(desc.export_ids[0], past=as_of, timeout=120)
     log = env["root"] / "local[1].log"
-    wait_until(lambda: "dataflow rehearsed_joined: rehearsed a step in" in log.read_text(), 120, "the rehearsal")
+    assert "dataflow rehearsed_joined: rehearsed a step in" in log.read_text()
     t = append(env, sales, [{"id": 9_100, "region": "south", "amount": 2.5}, {"id": 5, "region": "south", "amount": 0.5, "_diff": -1}])
     answer = _peek_rows(small.client.peek(h.IndexTarget(desc.export_ids[0]), t, timeout=120))
     assert_same_rows(answer, _expected(spark, env, JOINED, imports, t))
+    assert log.read_text().count("dataflow rehearsed_joined: rehearsed a step in") == 1
+    # Rebuilt from a replayed history (a changed definition here; in life, a replica
+    # added, restarted or reconnected, catching up), it hydrates at the latest time,
+    # with no change to step at once, and still rehearses nothing.
+    changed = [
+        h.CreateDataflow(replace(c.desc, sql=JOINED + " having count(*) > 0").with_as_of(h.Frontier(t)))
+        if isinstance(c, h.CreateDataflow) and c.desc.export_ids == desc.export_ids
+        else c
+        for c in h.reduce_commands([*small.history.commands, h.InitializationComplete()])
+    ]
+    client = small.reconnect(epoch=small.epoch, history=changed)
+    client.wait_frontier(desc.export_ids[0], past=t, timeout=120)
     assert log.read_text().count("dataflow rehearsed_joined: rehearsed a step in") == 1
     small.send(h.AllowCompaction(desc.export_ids[0], h.Frontier.empty()))
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
-import threading
-import time
 from types import SimpleNamespace
 
 import pyarrow as pa
@@ -232,65 +230,27 @@ def test_a_hello_sets_the_order_in_which_the_step_pools_take_waiting_steps(tmp_p
     assert asyncio.run(orders()) == [(False, False), (True, True)]
 
 
-def test_a_rehearsal_waits_for_an_idle_worker_and_yields_to_steps(tmp_path):
-    """A rehearsal (`Replica._start_rehearsal`) is speculative: it runs only on an idle
-    light worker; stopped before it runs (a step was queued), it never runs; stopped
-    while it runs, a step of its dataflow waits for it to end. Either way it is due
-    again. One that ran sets the expected cost of the first step."""
+def test_a_hydration_rehearses_only_when_no_change_came_during_it(tmp_path):
+    """A rehearsal (`Replica._rehearse`) compiles what the first step would; when a
+    change came during the hydration, that step is due at once and compiles it itself,
+    so a rehearsal first would only delay it: none runs."""
     from replica_service._dataflow import Dataflow
-    from replica_service._replica import STEP_WORKERS, Replica
+    from replica_service._replica import Replica
 
-    rehearsed, running, finish = [], threading.Event(), threading.Event()
-
-    def rehearse(directory):
-        rehearsed.append(directory)
-        running.set()
-        return finish.wait(10)
-
+    rehearsed = []
     upstream = Arrangement("u1", ("region",), h.Frontier(0), h.Frontier(6), [Version.build(5, ROWS, ("region",))])
     desc = h.DataflowDescription(
         "warm", "select * from up", (h.Import("up", "u1", "index"),), (h.IndexExport("u2", ("region",)),), as_of=h.Frontier(5), strategy="incremental"
     )
-    dataflow = Dataflow(desc, {"up": upstream}, {}, {}, maintainer=SimpleNamespace(rehearse=rehearse), last_computed=5)
-    session = SimpleNamespace(sparkContext=SimpleNamespace(setLocalProperty=lambda *_: None, setJobGroup=lambda *_: None))
+    dataflow = Dataflow(desc, {"up": upstream}, {}, {}, maintainer=SimpleNamespace(rehearse=lambda directory: rehearsed.append(directory) or True))
     replica = Replica(None, None, tmp_path, None)
     try:
-        busy = threading.Event()
-        occupied = [replica._light_step_pool.submit(busy.wait, 10) for _ in range(STEP_WORKERS)]
-        replica._start_rehearsal(dataflow, session)
-        assert not dataflow.rehearsal_due
-        time.sleep(0.2)
-        assert not rehearsed  # every light worker is busy
-        assert replica._stop_rehearsal(dataflow) is None and dataflow.rehearsal_due  # never ran
-        busy.set()
-        for future in occupied:
-            future.result(10)
-        replica._start_rehearsal(dataflow, session)
-        assert running.wait(10)
-        stopping = replica._stop_rehearsal(dataflow)
-        assert stopping is not None and dataflow.rehearsal_due and not stopping.done()
-        finish.set()
-        stopping.result(10)
-        assert rehearsed == [tmp_path / "rehearsals"]
-
-        dataflow.rehearsal_due = False
-        replica._start_rehearsal(dataflow, session)
-        dataflow.rehearsal[0].result(10)
-        assert replica._stop_rehearsal(dataflow) is None and not dataflow.rehearsal_due  # it ran
-        assert len(rehearsed) == 2
+        assert not dataflow.changes_waiting(5)
+        assert replica._rehearse(dataflow, 5) is not None and rehearsed == [tmp_path / "rehearsals"]
+        upstream.insert(Version.build(7, ROWS.slice(1), ("region",)))  # a change while it hydrated
+        upstream.upper = h.Frontier(8)
+        assert dataflow.changes_waiting(5) and not dataflow.changes_waiting(7)
+        assert replica._rehearse(dataflow, 5) is None and len(rehearsed) == 1
     finally:
         for pool in (replica._step_pool, replica._light_step_pool, replica._peek_pool, replica._io_pool):
             pool.shutdown(wait=False)
-
-
-def test_changes_waiting_are_the_inputs_changes_after_a_time():
-    """A dataflow starts a rehearsal only with no change waiting (`Replica._steps`): one
-    is, the step due compiles the code itself."""
-    from replica_service._dataflow import Dataflow
-
-    upstream = Arrangement("u1", ("region",), h.Frontier(0), h.Frontier(6), [Version.build(5, ROWS, ("region",))])
-    desc = h.DataflowDescription("warm", "select * from up", (h.Import("up", "u1", "index"),), (h.IndexExport("u2", ("region",)),), as_of=h.Frontier(5))
-    dataflow = Dataflow(desc, {"up": upstream}, {}, {})
-    assert not dataflow.changes_waiting(5)
-    upstream.insert(Version.build(7, ROWS.slice(1), ("region",)))
-    assert dataflow.changes_waiting(5) and not dataflow.changes_waiting(7)

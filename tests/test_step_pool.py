@@ -122,26 +122,3 @@ def test_workers_run_side_by_side():
         assert sorted(f.result(10) for f in futures) == [0, 1, 2]
     finally:
         pool.shutdown(wait=True)
-
-
-def test_idle_work_runs_once_no_other_work_waits(pool):
-    """A rehearsal submitted as idle work never delays a step: steps and plain work
-    submitted after it, in its batch or a later one, run first."""
-    release = _occupied(pool)
-    ran: list[str] = []
-    futures = [pool.submit_idle(ran.append, "idle"), pool.submit_costed(5, ran.append, "step"), pool.submit(ran.append, "plain")]
-    release.set()
-    for future in futures:
-        future.result(10)
-    assert ran == ["plain", "step", "idle"]
-    assert pool.submit_idle(lambda: "alone").result(10) == "alone"  # an idle pool takes it at once
-
-
-def test_idle_work_waiting_is_cancelled_with_the_rest():
-    pool = StepPool(1, thread_name_prefix="test-step")
-    release = _occupied(pool)
-    waiting = pool.submit_idle(lambda: "ran")
-    pool.shutdown(wait=False, cancel_futures=True)
-    assert waiting.cancelled()
-    release.set()
-    pool.shutdown(wait=True)
