@@ -92,7 +92,7 @@ class Drill:
         except TimeoutError as e:
             raise TimeoutError(f"{e}; replicas now: {self.replicas(instance)}") from None
 
-    def settled(self, instance: str, name: str) -> ReplicaView:
+    def settled(self, instance: str, name: str, timeout: float = 60) -> ReplicaView:
         """The replica's view once it is in sync and its session counters have stayed the
         same for a second: whatever a previous drill set off (a reconciliation, say) has
         been reported in full."""
@@ -106,7 +106,7 @@ class Drill:
             second = self.replicas(instance)[name]
             return second.in_sync and counters(first) == counters(second) and second
 
-        return wait_until(steady, 60, f"replica {name} settled")
+        return wait_until(steady, timeout, f"replica {name} settled")
 
     def restart_controller(self) -> None:
         self.controller.kill()
@@ -296,7 +296,7 @@ def test_controller_killed_mid_operations_leaves_catalog_and_replicas_agreeing(d
         for name in [n for n in dataflows if n.startswith("churn")]:
             client.drop_dataflow("duo", name)
     for name in ("managed", "external"):  # and from replicas done with what the churn set off
-        drill.settled("duo", name)
+        drill.settled("duo", name, timeout=180)  # as long as they had to get in sync
 
 
 def _descendants(pid: int) -> list[int]:
