@@ -26,13 +26,10 @@ the CPU per change bounds the freshness bench's latency from below (`bench/RESUL
 from __future__ import annotations
 
 import argparse
-import os
-import re
 import statistics
 import sys
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -41,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tpch
-from _common import log, scratch_storage
+from _common import JvmCpu, log, scratch_storage
 
 import history as h
 from catalog._instances import DETERMINISTIC_SPARK_CONF
@@ -96,7 +93,7 @@ def main() -> None:
         )
         stepped = [q for q in names if "lineitem" in tpch.QUERIES[q]]
         seconds: dict[str, list[float]] = {q: [] for q in stepped}
-        cpu = _Cpu(session)  # by thread, from here: the changes (appends and steps)
+        cpu = JvmCpu(session)  # by thread, from here: the changes (appends and steps)
         print(
             f"\n## TPC-H SF {args.sf}: steps after a {CHANGE_ROWS:,}-row lineitem change (local[2] / 1 GB, one session)\n"
         )
@@ -180,69 +177,6 @@ class _Steps:
         self.versions[query] = output.version(self.versions.get(query))
         output.finish()
         return time.perf_counter() - started
-
-
-class _Cpu:
-    """CPU seconds of the session's JVM, in all and by thread (read from /proc), and of
-    this process."""
-
-    def __init__(self, session) -> None:
-        self._proc = Path(f"/proc/{session._jvm.java.lang.ProcessHandle.current().pid()}")
-        self._marked = (0.0, 0.0)
-        self._threads_at_start = self._threads()
-
-    @staticmethod
-    def _seconds(stat: str) -> tuple[str, float]:
-        """The name (digits dropped, as Linux keeps it: 15 characters) and CPU seconds of
-        a /proc stat line."""
-        name = re.sub(r"\d+", "N", stat[stat.index("(") + 1 : stat.rindex(")")])
-        fields = stat[stat.rindex(")") + 2 :].split()
-        return name, (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
-
-    def _threads(self) -> dict[str, tuple[str, float]]:
-        threads = {}
-        for task in (self._proc / "task").iterdir():
-            try:
-                threads[task.name] = self._seconds((task / "stat").read_text())
-            except OSError:  # the thread ended
-                continue
-        return threads
-
-    def _now(self) -> tuple[float, float]:
-        own = os.times()
-        return self._seconds((self._proc / "stat").read_text())[1], own.user + own.system
-
-    def mark(self) -> None:
-        self._marked = self._now()
-
-    def since_mark(self) -> tuple[float, float]:
-        """The JVM's and this process's CPU seconds since `mark`."""
-        jvm, own = self._now()
-        return jvm - self._marked[0], own - self._marked[1]
-
-    def by_kind(self) -> list[tuple[str, float]]:
-        """The JVM's CPU seconds since this was made, by kind of thread, most first.
-        Threads that ended before now are missed (Spark's pools keep theirs)."""
-        kinds: Counter[str] = Counter()
-        for tid, (name, seconds) in self._threads().items():
-            kind = next((kind for prefix, kind in THREAD_KINDS if name.startswith(prefix)), "other")
-            kinds[kind] += seconds - self._threads_at_start.get(tid, (name, 0.0))[1]
-        return kinds.most_common()
-
-
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-# What the JVM's threads do, by name. py4j runs each call from Python on a thread of its
-# own: for a step, Catalyst's analysis and planning and the waits on its jobs.
-THREAD_KINDS = (
-    ("Thread-", "py4j calls: analysis, planning, job submission"),
-    ("Executor task", "tasks (the executors' work)"),
-    ("VM Thread", "garbage collection (serial)"),
-    ("broadcast-exch", "broadcasts: collecting and hashing a join's side"),
-    ("shuffle-exchan", "adaptive query stages: submitting, re-planning"),
-    ("dag-scheduler", "DAG scheduler"),
-    ("CN CompilerThr", "JIT compiler"),
-    ("spark-listener", "listeners (status store)"),
-)
 
 
 if __name__ == "__main__":

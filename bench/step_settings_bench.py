@@ -1,0 +1,125 @@
+"""Spark settings for a light step, side by side: one of the freshness bench's shapes
+stepped in-process after 100-row changes, the steps taking each way in turn.
+
+    .venv/bin/python bench/step_settings_bench.py [--shape a|b] [--rows 1000000] [--steps 40]
+        [--way spark.sql.codegen.factoryMode=NO_CODEGEN] [--way k1=v1,k2=v2] ...
+
+The shape's query (`freshness_bench.SHAPES`) over `--rows` generated rows is kept by
+Tandem's own maintainer (incremental) in one local[2] / 1 GB session with an instance's
+default settings, as a replica keeps it. The first way is those settings; each `--way`
+sets the SQL confs it names on the dataflow's session for its steps (the others' are put
+back before each step). The ways take the steps round-robin, so whatever drifts over the
+run (the JIT still compiling, the machine) falls on every way alike. Each change retracts
+30 loaded rows and inserts 70 (`_common.change`); a step is timed from `step` to
+`finish` (its changes applied to the index's version). Printed: each way's median step
+(the first two rounds left out: they compile code), and the JVM's CPU per step over
+the timed rounds (all of Spark; this process's is mostly making the changes). A setting changes how Spark runs a step, never what
+it computes (the tests hold that); this measures only the time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _common import LOAD_BATCH, SALES, JvmCpu, change, log, sales_rows, scratch_storage  # noqa: E402
+from freshness_bench import REGIONS, SHAPES, regions  # noqa: E402
+
+import history as h  # noqa: E402
+from catalog._instances import DETERMINISTIC_SPARK_CONF  # noqa: E402
+from replica_service import _spark  # noqa: E402
+from replica_service.dataplane import StorageReader, maintainer  # noqa: E402
+
+WARM_ROUNDS = 2  # left out of the medians: the first steps compile code
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=("a", "b"), default="a")
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--way", action="append", default=[], help="SQL confs k=v[,k=v...] for one way")
+    args = parser.parse_args()
+    ways = [{}] + [dict(pair.split("=", 1) for pair in way.split(",")) for way in args.way]
+    with tempfile.TemporaryDirectory(prefix="tandem-settings-") as directory:
+        seconds, cpu = _run(Path(directory), args.shape, args.rows, args.steps, ways)
+    print(f"\n## A light step of ({args.shape}) at {args.rows:,} rows by Spark settings (local[2] / 1 GB, in-process)\n")
+    print("| way | steps | median step |")
+    print("|---|---|---|")
+    for way, times in zip(ways, seconds):
+        name = ", ".join(f"{k}={v}" for k, v in way.items()) or "the instance's settings"
+        print(f"| {name} | {len(times)} | {statistics.median(times) * 1000:.0f} ms |")
+    print(f"\nThe JVM's CPU per timed step, all ways: {cpu * 1000:.0f} ms")
+
+
+def _run(root: Path, shape: str, rows: int, steps: int, ways: list[dict[str, str]]) -> tuple[list[list[float]], float]:
+    """Each way's step seconds (after the warm rounds), and the JVM's CPU seconds per timed step."""
+    storage = scratch_storage(root)
+    session = _spark.start_session(_spark.SparkSettings("local[2]", "1g"), root / "spark", DETERMINISTIC_SPARK_CONF)
+    sales = storage.create_source("sales", SALES).id
+    for start in range(0, rows, LOAD_BATCH):
+        loaded = sales_rows(start, min(LOAD_BATCH, rows - start), seed=1)
+        storage.append(sales, loaded.append_column("_diff", pa.array([1] * loaded.num_rows, pa.int64())))
+    sources = {"sales": sales}
+    if shape == "b":
+        sources["regions"] = storage.create_source("regions", REGIONS).id
+        storage.append(sources["regions"], regions(), storage.upper(sales).time - 1)
+    readers = {name: StorageReader(storage, id) for name, id in sources.items()}
+    for reader in readers.values():
+        reader.refresh(session)
+    desc = h.DataflowDescription(shape, SHAPES[shape], (), (h.IndexExport(shape, ()),), strategy="incremental")
+    dataflow_session = _spark.dataflow_session(session, DETERMINISTIC_SPARK_CONF)
+    flow = maintainer(desc, dataflow_session, readers, {}, 4)
+    conf = dataflow_session.conf
+    keys = {key for way in ways for key in way}
+    defaults = {key: conf.get(key, None) for key in keys}
+    version = None
+
+    def step(at: int) -> float:
+        nonlocal version
+        started = time.perf_counter()
+        output = flow.step(at)
+        version = output.version(version)
+        output.finish()
+        return time.perf_counter() - started
+
+    step(storage.upper(sales).time - 1)
+    log(f"({shape}) at {rows:,} rows: hydrated")
+    cpu = JvmCpu(session)
+    seconds: list[list[float]] = [[] for _ in ways]
+    timed = 0
+    for i in range(steps):
+        at = storage.append(sales, change(rows, i))
+        if "regions" in sources:  # storage uppers move together in a replica
+            storage.compare_and_append(sources["regions"], storage.upper(sources["regions"]), h.Frontier(at + 1))
+        for reader in readers.values():
+            reader.refresh(session)
+        way = i % len(ways)
+        for key in keys:
+            value = ways[way].get(key, defaults[key])
+            if value is None:
+                conf.unset(key)
+            else:
+                conf.set(key, value)
+        if i == WARM_ROUNDS * len(ways):
+            cpu.mark()
+        took = step(at)
+        if i >= WARM_ROUNDS * len(ways):
+            seconds[way].append(took)
+            timed += 1
+    jvm, _ = cpu.since_mark()
+    flow.close()
+    return seconds, jvm / max(1, timed)
+
+
+if __name__ == "__main__":
+    main()
