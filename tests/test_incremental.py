@@ -239,7 +239,11 @@ def test_a_small_step_is_planned_whole_with_one_partition_per_shuffle(env, monke
     """A step whose inputs changed by more rows than a small step's, and a hydration of
     more input rows than that, run adaptively over the instance's shuffle partitions; a
     small step, or the hydration of a small input (a recompute's every step), is
-    planned whole, one partition per shuffle. Either way the versions are Spark's answer."""
+    planned whole, one partition per shuffle. A step past hydration that reads few rows
+    (here: a query of one input, its state counted at the step before) has its
+    projections interpreted. Either way the versions are Spark's answer, and the same
+    bits: the dataflow stepped with interpreted projections and the one hydrated late
+    with generated ones agree on the digest."""
     monkeypatch.setattr(_maintain, "SMALL_STEP_MAX_ROWS", 2)
     sources = Sources(env)
     reader = StorageReader(sources.storage, sources.t)
@@ -254,13 +258,25 @@ def test_a_small_step_is_planned_whole_with_one_partition_per_shuffle(env, monke
         for name, flow in flows.items():
             flow.step(time)
             conf = flow.maintainer.session.conf
-            planned.append((name, conf.get("spark.sql.adaptive.enabled"), conf.get("spark.sql.shuffle.partitions")))
+            settings = ("spark.sql.adaptive.enabled", "spark.sql.shuffle.partitions", "spark.sql.codegen.factoryMode")
+            planned.append((name, *(conf.get(key) for key in settings)))
             assert_same_rows(flow.table, spark_answer(env, SHAPES["aggregates"], {"t": sources.storage.read_snapshot(sources.t, time)}))
+        if "late" in flows:
+            assert flows["early"].digests[time] == flows["late"].digests[time]
     adaptive, whole = ("true", CONF["spark.sql.shuffle.partitions"]), ("false", "1")
+    generated, interpreted = "FALLBACK", "NO_CODEGEN"
     if strategy == "incremental":
-        sizes = [("early", *whole), ("early", *whole), ("early", *whole), ("late", *adaptive), ("early", *adaptive), ("late", *adaptive)]
-    else:  # every step hydrates: small while the input is
-        sizes = [("early", *whole), ("early", *adaptive), ("early", *adaptive), ("late", *adaptive), ("early", *adaptive), ("late", *adaptive)]
+        sizes = [
+            ("early", *whole, generated),  # hydration
+            ("early", *whole, generated),  # its state not counted yet
+            ("early", *whole, interpreted),
+            ("late", *adaptive, generated),
+            ("early", *adaptive, interpreted),  # more rows than a small step's, still few
+            ("late", *adaptive, generated),  # its state not counted yet
+        ]
+    else:  # every step hydrates: small while the input is, never interpreted
+        sizes = [("early", *whole, generated), ("early", *adaptive, generated), ("early", *adaptive, generated)]
+        sizes += [("late", *adaptive, generated), ("early", *adaptive, generated), ("late", *adaptive, generated)]
     assert planned == sizes
     for flow in flows.values():
         flow.maintainer.close()

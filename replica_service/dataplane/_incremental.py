@@ -304,6 +304,19 @@ class IncrementalDataflow:
 
         return Step(changes, commit, output)
 
+    def rows_bound(self) -> int | None:
+        """A bound on the rows of state a step reads, as last counted: none for a linear
+        query, one for a global aggregate, else the base's groups and the overlay's;
+        None before the base is counted (at the first step after hydration), and when
+        the state keeps COUNT(DISTINCT) value counts (never counted)."""
+        if self.plan.aggregate is None:
+            return 0
+        if self._value_arguments:
+            return None
+        if not self._keys:
+            return 1
+        return None if self._base_groups is None else self._base_groups + self._overlay_groups
+
     def _overlay_applies(self) -> bool:
         """Whether this step may be overlaid: a state grouped by keys whose base has at
         least OVERLAY_MIN_GROUPS groups. The base's rows are counted (a job reading it)

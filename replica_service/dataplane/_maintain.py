@@ -246,6 +246,14 @@ def _from_scratch(desc: DataflowDescription, plan: DeltaPlan, session: SparkSess
 # (`Incremental._size_plans`).
 SMALL_STEP_MAX_ROWS = 100_000
 
+# A step that reads at most this many rows (its change's and its state's, and nothing
+# whole) has its projections interpreted (`Incremental._size_plans`). Each row read
+# costs them about 60 us more a step of the freshness bench's (a) (a GROUP BY of a
+# float sum and mean at 1M rows, in-process, 2026-11-29): with 100 groups a step took
+# 0.82x the time after 100-row changes and 0.89x after 1,000-row ones, with 1,000
+# groups 0.85x, 3,000 groups 1.12x, 10,000 groups 1.49x (`bench/step_settings_bench.py`).
+INTERPRETED_MAX_ROWS = 1_000
+
 REHEARSAL_ROWS = 100
 """How many rows a rehearsal's made-up change retracts, and inserts
 (`Incremental.rehearse`): a small step."""
@@ -382,12 +390,32 @@ class Incremental(Maintainer):
 
         TPC-H's 17 lineitem steps after a 1,000-row change took 0.77x the JVM's CPU and
         0.82x the time planned whole (`bench/tpch_steps.py`). The result is the same
-        either way: a delta plan's result does not depend on partitioning."""
-        small = self._changed_rows(time) <= SMALL_STEP_MAX_ROWS
+        either way: a delta plan's result does not depend on partitioning.
+
+        A step that reads few rows (`_reads_few_rows`) also has its projections
+        interpreted (`spark.sql.codegen.factoryMode`; whole-stage code is still
+        generated, and compiled once): every task generated the source of its hash
+        aggregate's projections anew, a third of its time in a small GROUP BY step,
+        where interpreting them costs about 60 us a row read (INTERPRETED_MAX_ROWS).
+        Interpreted and generated expressions give the same bits."""
+        changed = self._changed_rows(time)
+        small = changed <= SMALL_STEP_MAX_ROWS
         conf = self.session.conf
         conf.set("spark.sql.adaptive.enabled", "false" if small else "true")
         conf.set("spark.sql.shuffle.partitions", "1" if small else self._shuffle_partitions)
+        conf.set("spark.sql.codegen.factoryMode", "NO_CODEGEN" if self._reads_few_rows(changed) else "FALLBACK")
         return small
+
+    def _reads_few_rows(self, changed: int) -> bool:
+        """Whether a step after `changed` input rows changed reads at most
+        INTERPRETED_MAX_ROWS rows: one past hydration, of a query of one input and no
+        stage (a join or a stage reads inputs whole, where interpreted projections cost
+        at every row: TPC-H's steps took 1.1-1.3x as long with them, q21's 2x), over a
+        state that small (`IncrementalDataflow.rows_bound`)."""
+        if not self.light or len(self.plan.leaves) != 1 or self.stages:
+            return False
+        state_rows = self.state.rows_bound()
+        return state_rows is not None and changed + state_rows <= INTERPRETED_MAX_ROWS
 
     def _changed_rows(self, time: int) -> int:
         """A bound on the input rows that changed since the last step: the updates of
