@@ -72,17 +72,18 @@ def load(client: Client, source: str, rows: int, *, seed: int = 1) -> int:
     return last
 
 
-def change(rows: int, step: int, count: int = 100, *, retract: int = 30) -> pa.Table:
-    """A 100-row change at `step`: `retract` rows of the loaded source retracted (their
-    exact values, regenerated) and the rest new rows inserted, with `_diff`."""
-    inserted = sales_rows(10**12 + step * count, count - retract, seed=10**6 + step)
+def change(rows: int, step: int, count: int = 100, *, retract: int = 30, groups: int = GROUPS) -> pa.Table:
+    """A 100-row change at `step`: `retract` rows of the loaded source (of `groups`
+    regions) retracted (their exact values, regenerated) and the rest new rows
+    inserted, with `_diff`."""
+    inserted = sales_rows(10**12 + step * count, count - retract, seed=10**6 + step, groups=groups)
     parts = [inserted.append_column("_diff", pa.array([1] * inserted.num_rows, pa.int64()))]
     if retract:
         # Retract rows of the first load batch (regenerated bit for bit), a different
         # stretch at every step.
         first = min(rows, LOAD_BATCH)
         offset = (step * retract) % max(1, first - retract)
-        old = sales_rows(0, first, seed=1).slice(offset, retract)
+        old = sales_rows(0, first, seed=1, groups=groups).slice(offset, retract)
         parts.append(old.append_column("_diff", pa.array([-1] * retract, pa.int64())))
     return pa.concat_tables(parts)
 

@@ -1,20 +1,24 @@
 """Spark settings for a light step, side by side: one of the freshness bench's shapes
-stepped in-process after 100-row changes, the steps taking each way in turn.
+stepped in-process after small changes, the steps taking each way in turn.
 
-    .venv/bin/python bench/step_settings_bench.py [--shape a|b] [--rows 1000000] [--steps 40]
-        [--way spark.sql.codegen.factoryMode=NO_CODEGEN] [--way k1=v1,k2=v2] ...
+    .venv/bin/python bench/step_settings_bench.py [--shape a|b] [--rows 1000000] [--groups 100]
+        [--change-rows 100] [--steps 40] [--way spark.sql.codegen.factoryMode=NO_CODEGEN] [--way k1=v1,k2=v2] ...
 
-The shape's query (`freshness_bench.SHAPES`) over `--rows` generated rows is kept by
-Tandem's own maintainer (incremental) in one local[2] / 1 GB session with an instance's
-default settings, as a replica keeps it. The first way is those settings; each `--way`
-sets the SQL confs it names on the dataflow's session for its steps (the others' are put
-back before each step). The ways take the steps round-robin, so whatever drifts over the
-run (the JIT still compiling, the machine) falls on every way alike. Each change retracts
-30 loaded rows and inserts 70 (`_common.change`); a step is timed from `step` to
-`finish` (its changes applied to the index's version). Printed: each way's median step
-(the first two rounds left out: they compile code), and the JVM's CPU per step over
-the timed rounds (all of Spark; this process's is mostly making the changes). A setting changes how Spark runs a step, never what
-it computes (the tests hold that); this measures only the time.
+The shape's query (`freshness_bench.SHAPES`) over `--rows` generated rows, in `--groups`
+regions (the state's groups, for (a)), is kept by Tandem's own maintainer (incremental)
+in one local[2] / 1 GB session with an instance's default settings, as a replica keeps
+it. The first way is those settings; each `--way` sets the SQL confs it names on the
+dataflow's session for its steps (the others' are put back before each step). The ways
+take the steps round-robin, so whatever drifts over the run (the JIT still compiling,
+the machine) falls on every way alike. Each change of `--change-rows` rows retracts 30%
+of them from the loaded rows and inserts the rest (`_common.change`); a step is timed
+from `step` to `finish` (its changes applied to the index's version). Printed: each
+way's median step (the first two rounds left out: they compile code), and the JVM's CPU
+per step over the timed rounds (all of Spark; this process's is mostly making the
+changes). A setting changes how Spark runs a step, never what it computes (the tests
+hold that); this measures only the time. A conf the step decides itself
+(`Incremental._size_plans`: adaptive execution, shuffle partitions, the codegen factory
+mode) is set again by the step, over the way's: such a way measures nothing.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import LOAD_BATCH, SALES, JvmCpu, change, log, sales_rows, scratch_storage  # noqa: E402
+from _common import GROUPS, LOAD_BATCH, SALES, JvmCpu, change, log, sales_rows, scratch_storage  # noqa: E402
 from freshness_bench import REGIONS, SHAPES, regions  # noqa: E402
 
 import history as h  # noqa: E402
@@ -46,13 +50,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=("a", "b"), default="a")
     parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--groups", type=int, default=GROUPS)
+    parser.add_argument("--change-rows", type=int, default=100)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--way", action="append", default=[], help="SQL confs k=v[,k=v...] for one way")
     args = parser.parse_args()
     ways = [{}] + [dict(pair.split("=", 1) for pair in way.split(",")) for way in args.way]
     with tempfile.TemporaryDirectory(prefix="tandem-settings-") as directory:
-        seconds, cpu = _run(Path(directory), args.shape, args.rows, args.steps, ways)
-    print(f"\n## A light step of ({args.shape}) at {args.rows:,} rows by Spark settings (local[2] / 1 GB, in-process)\n")
+        seconds, cpu = _run(Path(directory), args.shape, args.rows, args.groups, args.change_rows, args.steps, ways)
+    print(f"\n## A light step of ({args.shape}) at {args.rows:,} rows, {args.groups:,} regions, {args.change_rows:,}-row changes, by Spark settings (local[2] / 1 GB, in-process)\n")
     print("| way | steps | median step |")
     print("|---|---|---|")
     for way, times in zip(ways, seconds):
@@ -61,13 +67,13 @@ def main() -> None:
     print(f"\nThe JVM's CPU per timed step, all ways: {cpu * 1000:.0f} ms")
 
 
-def _run(root: Path, shape: str, rows: int, steps: int, ways: list[dict[str, str]]) -> tuple[list[list[float]], float]:
+def _run(root: Path, shape: str, rows: int, groups: int, change_rows: int, steps: int, ways: list[dict[str, str]]) -> tuple[list[list[float]], float]:
     """Each way's step seconds (after the warm rounds), and the JVM's CPU seconds per timed step."""
     storage = scratch_storage(root)
     session = _spark.start_session(_spark.SparkSettings("local[2]", "1g"), root / "spark", DETERMINISTIC_SPARK_CONF)
     sales = storage.create_source("sales", SALES).id
     for start in range(0, rows, LOAD_BATCH):
-        loaded = sales_rows(start, min(LOAD_BATCH, rows - start), seed=1)
+        loaded = sales_rows(start, min(LOAD_BATCH, rows - start), seed=1, groups=groups)
         storage.append(sales, loaded.append_column("_diff", pa.array([1] * loaded.num_rows, pa.int64())))
     sources = {"sales": sales}
     if shape == "b":
@@ -98,7 +104,7 @@ def _run(root: Path, shape: str, rows: int, steps: int, ways: list[dict[str, str
     seconds: list[list[float]] = [[] for _ in ways]
     timed = 0
     for i in range(steps):
-        at = storage.append(sales, change(rows, i))
+        at = storage.append(sales, change(rows, i, change_rows, retract=change_rows * 3 // 10, groups=groups))
         if "regions" in sources:  # storage uppers move together in a replica
             storage.compare_and_append(sources["regions"], storage.upper(sources["regions"]), h.Frontier(at + 1))
         for reader in readers.values():
