@@ -73,7 +73,7 @@ def load(client: Client, source: str, rows: int, *, seed: int = 1) -> int:
 
 
 def change(rows: int, step: int, count: int = 100, *, retract: int = 30, groups: int = GROUPS) -> pa.Table:
-    """A 100-row change at `step`: `retract` rows of the loaded source (of `groups`
+    """A `count`-row change at `step`: `retract` rows of the loaded source (of `groups`
     regions) retracted (their exact values, regenerated) and the rest new rows
     inserted, with `_diff`."""
     inserted = sales_rows(10**12 + step * count, count - retract, seed=10**6 + step, groups=groups)

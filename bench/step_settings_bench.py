@@ -56,6 +56,8 @@ def main() -> None:
     parser.add_argument("--way", action="append", default=[], help="SQL confs k=v[,k=v...] for one way")
     args = parser.parse_args()
     ways = [{}] + [dict(pair.split("=", 1) for pair in way.split(",")) for way in args.way]
+    if args.steps <= WARM_ROUNDS * len(ways):
+        parser.error(f"--steps must exceed {WARM_ROUNDS} warm rounds of the {len(ways)} ways")
     with tempfile.TemporaryDirectory(prefix="tandem-settings-") as directory:
         seconds, cpu = _run(Path(directory), args.shape, args.rows, args.groups, args.change_rows, args.steps, ways)
     print(f"\n## A light step of ({args.shape}) at {args.rows:,} rows, {args.groups:,} regions, {args.change_rows:,}-row changes, by Spark settings (local[2] / 1 GB, in-process)\n")
@@ -124,6 +126,8 @@ def _run(root: Path, shape: str, rows: int, groups: int, change_rows: int, steps
             timed += 1
     jvm, _ = cpu.since_mark()
     flow.close()
+    for reader in readers.values():
+        reader.close()
     return seconds, jvm / max(1, timed)
 
 
