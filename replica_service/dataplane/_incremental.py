@@ -305,10 +305,13 @@ class IncrementalDataflow:
         return Step(changes, commit, output)
 
     def rows_bound(self) -> int | None:
-        """A bound on the rows of state a step reads, as last counted: none for a linear
-        query, one for a global aggregate, else the base's groups and the overlay's;
-        None before the base is counted (at the first step after hydration), and when
-        the state keeps COUNT(DISTINCT) value counts (never counted)."""
+        """The rows of state a step reads, as last counted: none for a linear query, one
+        for a global aggregate, else the base's groups and the overlay's; None before
+        the base is counted (at the first step after hydration), and when the state
+        keeps COUNT(DISTINCT) value counts (never counted). Not a bound on a state that
+        grows: it gains at most a change's groups a step and is recounted every
+        RECOUNT_STEPS full steps (`_overlay_applies`), so an estimate of what a step
+        costs, never of what it computes."""
         if self.plan.aggregate is None:
             return 0
         if self._value_arguments:

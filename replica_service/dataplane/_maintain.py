@@ -411,7 +411,7 @@ class Incremental(Maintainer):
         INTERPRETED_MAX_ROWS rows: one past hydration, of a query of one input and no
         stage (a join or a stage reads inputs whole, where interpreted projections cost
         at every row: TPC-H's steps took 1.1-1.3x as long with them, q21's 2x), over a
-        state that small (`IncrementalDataflow.rows_bound`)."""
+        state that small as last counted (`IncrementalDataflow.rows_bound`)."""
         if not self.light or len(self.plan.leaves) != 1 or self.stages:
             return False
         state_rows = self.state.rows_bound()
