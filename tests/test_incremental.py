@@ -5,9 +5,10 @@ a retraction plus an insert, keys that appear and vanish, NULLs, groups that emp
 written through storage as batch files. For every supported shape of query, at every
 time:
 - the version maintained incrementally from the first time,
-- the version of a dataflow hydrated later (at a later `as_of`), from then on,
-- the version of a dataflow whose state was rebuilt (`restore`) through the step before,
-  as a replica rebuilds it after losing its Spark state, from then on, and
+- from halfway on, the version of a dataflow hydrated then (at a later `as_of`), or, in
+  the next example, of one whose state was rebuilt (`restore`) through the step before,
+  as a replica rebuilds it after losing its Spark state (the examples take them in
+  turn: each costs an example as much as the rest of its steps), and
 - the version recomputed from scratch (the `recompute` strategy)
 have the same digest, bit for bit; and all equal Spark's own answer over the same
 snapshot (floats within rounding: Spark's float sum depends on its partitioning).
