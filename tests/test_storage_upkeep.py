@@ -114,12 +114,13 @@ class LogicalClock:
 
 
 def test_a_steady_stream_of_appends_stays_bounded(catalog_url: str, blob_dir: Path) -> None:
-    """3,000 one-row appends while upkeep runs on a thread of its own, as the controller
+    """1,500 one-row appends while upkeep runs on a thread of its own, as the controller
     runs it. The catalog's clock moves 10 ms per append, so the retention is 20 appends,
     garbage is collected every 10 and the grace is 200 (and 2 s of wall-clock time, by
     which orphans are judged). Each 20 appends the stream waits for one full pass (the
     controller's tick is seconds, its appends milliseconds apart: the ratio is what
     matters), then counts what is live."""
+    appends = 1500  # 1,300 in the steady state: six and a half grace periods
     clock = LogicalClock()
     catalog = Catalog.open(catalog_url, now_ms=clock)
     catalog.become_controller()
@@ -151,7 +152,7 @@ def test_a_steady_stream_of_appends_stays_bounded(catalog_url: str, blob_dir: Pa
     worker.start()
     live, retired, on_disk = [], [], []
     try:
-        for number in range(3000):
+        for number in range(appends):
             clock.now += 10
             storage.append(id, [{"id": number}])
             if number % 20 == 19:
@@ -177,7 +178,7 @@ def test_a_steady_stream_of_appends_stays_bounded(catalog_url: str, blob_dir: Pa
     assert max(on_disk) <= max(live) + max(retired), on_disk
 
     upper = storage.upper(id)
-    assert storage.read_snapshot(id, upper.time - 1)["id"].to_pylist() == list(range(3000))
+    assert storage.read_snapshot(id, upper.time - 1)["id"].to_pylist() == list(range(appends))
     clock.now += options.gc_grace_ms + 1  # the stream stops; the grace passes
     upkeep.run_once()
     assert catalog.retired_paths(clock.now + 1) == []
