@@ -2,11 +2,11 @@
 `test_incremental.py` (the shapes without stages, the refusals) and
 `test_incremental_subqueries.py` (stages: aggregates below joins, subqueries): two
 sources in storage, Hypothesis update sequences over them, and dataflows stepped at
-every time, incrementally, from scratch, hydrated late and rebuilt (`run_shape`).
+every time, incrementally, from scratch, and hydrated late or rebuilt (`run_shape`).
 `TANDEM_PROPERTY_EXAMPLES` sets the number of generated sequences per shape (CI runs
-the default). Every sequence inserts rows into both sources at its first time: Hypothesis's
-first example would otherwise be the one that changes nothing, ever, which costs an
-example's steps and checks almost nothing."""
+the default). Every sequence inserts rows into both sources at its first time:
+Hypothesis's first example would otherwise be the one that changes nothing, ever, which
+costs an example's steps and checks almost nothing."""
 
 from __future__ import annotations
 
@@ -220,10 +220,10 @@ def spark_answer(env, sql: str, tables: dict[str, pa.Table]) -> pa.Table:
 
 def check_shape(env, name: str, sql: str, expected_sql: str | None = None) -> None:
     """`run_shape` over Hypothesis's sequences, each with one of the dataflows that start
-    halfway (`LATER`), in turn: each costs an example as much as its steps. A sequence
-    keeps the one it was first run with, so that a failing example runs alike when
-    Hypothesis tries it again. Spark's answer is `expected_sql`'s (the query itself by
-    default)."""
+    halfway (`LATER`), in turn: both check that a dataflow started at a later time
+    agrees, and each costs an example about a quarter of its time. A sequence keeps the
+    one it was first run with, so that a failing example runs alike when Hypothesis
+    tries it again. Spark's answer is `expected_sql`'s (the query itself by default)."""
     later_of: dict[str, str] = {}
 
     @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))

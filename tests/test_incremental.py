@@ -8,7 +8,7 @@ time:
 - from halfway on, the version of a dataflow hydrated then (at a later `as_of`), or, in
   the next example, of one whose state was rebuilt (`restore`) through the step before,
   as a replica rebuilds it after losing its Spark state (the examples take them in
-  turn: each costs an example as much as the rest of its steps), and
+  turn: each costs an example about a quarter of its time), and
 - the version recomputed from scratch (the `recompute` strategy)
 have the same digest, bit for bit; and all equal Spark's own answer over the same
 snapshot (floats within rounding: Spark's float sum depends on its partitioning).
