@@ -31,23 +31,21 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import LOAD_BATCH, SALES, change, log, sales_rows, scratch_storage  # noqa: E402
+from _common import change, log, scratch_storage  # noqa: E402
+from _in_process import SteppedFlow, load_sales, small_session  # noqa: E402
 from freshness_bench import SHAPES  # noqa: E402
 
-import history as h  # noqa: E402
 from catalog._instances import DETERMINISTIC_SPARK_CONF  # noqa: E402
 from replica_service import _spark  # noqa: E402
-from replica_service.dataplane import StorageReader, maintainer  # noqa: E402
+from replica_service.dataplane import StorageReader  # noqa: E402
 
 WARM_ROUNDS = 3  # left out of the medians: the first steps compile code
 
@@ -78,40 +76,24 @@ def main() -> None:
 def _run(root: Path, rows: int, rounds: int, change_rows: int) -> dict[str, float]:
     """Each measurement's median seconds over the rounds after the warm ones."""
     storage = scratch_storage(root)
-    session = _spark.start_session(_spark.SparkSettings("local[2]", "1g"), root / "spark", DETERMINISTIC_SPARK_CONF)
-    sales = storage.create_source("sales", SALES).id
-    for start in range(0, rows, LOAD_BATCH):
-        loaded = sales_rows(start, min(LOAD_BATCH, rows - start), seed=1)
-        storage.append(sales, loaded.append_column("_diff", pa.array([1] * loaded.num_rows, pa.int64())))
+    session = small_session(root)
+    sales = load_sales(storage, rows)
     reader = StorageReader(storage, sales)
     reader.refresh(session)
-    flows = {}
-    for strategy in ("incremental", "recompute"):
-        desc = h.DataflowDescription(f"a_{strategy}", SHAPES["a"], (), (h.IndexExport(f"a_{strategy}", ()),), strategy=strategy)
-        flows[strategy] = maintainer(desc, _spark.dataflow_session(session, DETERMINISTIC_SPARK_CONF), {"sales": reader}, {}, 4)
-    versions: dict[str, pa.Table | None] = dict.fromkeys(flows)
+    flows = {s: SteppedFlow(session, f"a_{s}", SHAPES["a"], {"sales": reader}, strategy=s) for s in ("incremental", "recompute")}
     queries = _spark.dataflow_session(session, DETERMINISTIC_SPARK_CONF)
     queries.conf.set("spark.sql.shuffle.partitions", "1")  # as a small step is planned
-
-    def step(strategy: str, at: int) -> Callable[[], None]:
-        def run() -> None:
-            output = flows[strategy].step(at)
-            versions[strategy] = output.version(versions[strategy])
-            output.finish()
-
-        return run
-
     last = storage.upper(sales).time - 1
-    for strategy in flows:
-        step(strategy, last)()
+    for flow in flows.values():
+        flow.step(last)
     log(f"(a) at {rows:,} rows: hydrated, incremental and recompute")
     samples: dict[str, list[float]] = {}
     for i in range(rounds):
         at = storage.append(sales, change(rows, i, change_rows, retract=change_rows * 3 // 10))
         reader.refresh(session)
         measured = {
-            "incremental": step("incremental", at),
-            "recompute": step("recompute", at),
+            "incremental": lambda at=at: flows["incremental"].step(at),
+            "recompute": lambda at=at: flows["recompute"].step(at),
             "cheapest GROUP BY": lambda at=at, after=last: _grouped(reader.updates(queries, at, after=after)),
             "trivial job": lambda: queries.range(1).collect(),
             "plain Spark over the source": lambda at=at: _grouped(reader.updates(queries, at)),
@@ -122,7 +104,8 @@ def _run(root: Path, rows: int, rounds: int, change_rows: int) -> dict[str, floa
             if i >= WARM_ROUNDS:
                 samples.setdefault(name, []).append(time.perf_counter() - started)
         last = at
-    assert versions["incremental"].sort_by("region").equals(versions["recompute"].sort_by("region")), "the two strategies disagree"
+    incremental, recompute = (flows[s].version.sort_by("region") for s in ("incremental", "recompute"))
+    assert incremental.equals(recompute), "the two strategies disagree"
     for flow in flows.values():
         flow.close()
     reader.close()

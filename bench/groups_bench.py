@@ -23,7 +23,6 @@ import random
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -32,12 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _common import log, scratch_storage  # noqa: E402
+from _in_process import SteppedFlow, small_session  # noqa: E402
 
-import history as h  # noqa: E402
-from catalog._instances import DETERMINISTIC_SPARK_CONF  # noqa: E402
-from replica_service import _spark  # noqa: E402
 from replica_service._arrangement import Version  # noqa: E402
-from replica_service.dataplane import StorageReader, _incremental, maintainer  # noqa: E402
+from replica_service.dataplane import StorageReader, _incremental  # noqa: E402
 from storage import Storage  # noqa: E402
 
 ROWS_PER_GROUP = 4
@@ -54,7 +51,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tandem-groups-") as directory:
         root = Path(directory)
         storage = scratch_storage(root)
-        session = _spark.start_session(_spark.SparkSettings("local[2]", "1g"), root / "spark", DETERMINISTIC_SPARK_CONF)
+        session = small_session(root)
         print(f"\n## An incremental GROUP BY's step by its number of groups (local[2] / 1 GB; median of {args.steps - SKIPPED} steps)\n")
         print("| groups | full steps | overlaid steps | overlaid / full |")
         print("|---|---|---|---|")
@@ -78,19 +75,12 @@ def _steps(storage: Storage, session, groups: int, steps: int) -> dict[str, list
     reader = StorageReader(storage, source)
     reader.refresh(session)
     sql = f"SELECT g, count(*) AS n, sum(v) AS total FROM s{groups} GROUP BY g"
-    flows = {}
-    for way in WAYS:
-        desc = h.DataflowDescription(f"{way}{groups}", sql, (), (h.IndexExport(f"{way}{groups}", ()),), strategy="incremental")
-        flows[way] = maintainer(desc, _spark.dataflow_session(session, DETERMINISTIC_SPARK_CONF), {f"s{groups}": reader}, {}, 4)
-    tables: dict[str, pa.Table | None] = dict.fromkeys(WAYS)
+    flows = {way: SteppedFlow(session, f"{way}{groups}", sql, {f"s{groups}": reader}) for way in WAYS}
 
     def step(way: str, at: int) -> tuple[float, str]:
         _incremental.OVERLAY_MIN_GROUPS = WAYS[way]
-        started = time.perf_counter()
-        output = flows[way].step(at)
-        tables[way] = output.version(tables[way])
-        output.finish()
-        return time.perf_counter() - started, Version.build(at, tables[way], ()).digest
+        took = flows[way].step(at)
+        return took, Version.build(at, flows[way].version, ()).digest
 
     hydrated_at = storage.upper(source).time - 1
     for way in WAYS:

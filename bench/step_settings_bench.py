@@ -27,21 +27,17 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
-
-import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import GROUPS, LOAD_BATCH, SALES, JvmCpu, change, log, sales_rows, scratch_storage  # noqa: E402
+from _common import GROUPS, JvmCpu, change, log, scratch_storage  # noqa: E402
+from _in_process import SteppedFlow, load_sales, small_session  # noqa: E402
 from freshness_bench import REGIONS, SHAPES, regions  # noqa: E402
 
 import history as h  # noqa: E402
-from catalog._instances import DETERMINISTIC_SPARK_CONF  # noqa: E402
-from replica_service import _spark  # noqa: E402
-from replica_service.dataplane import StorageReader, maintainer  # noqa: E402
+from replica_service.dataplane import StorageReader  # noqa: E402
 
 WARM_ROUNDS = 2  # left out of the medians: the first steps compile code
 
@@ -72,11 +68,8 @@ def main() -> None:
 def _run(root: Path, shape: str, rows: int, groups: int, change_rows: int, steps: int, ways: list[dict[str, str]]) -> tuple[list[list[float]], float]:
     """Each way's step seconds (after the warm rounds), and the JVM's CPU seconds per timed step."""
     storage = scratch_storage(root)
-    session = _spark.start_session(_spark.SparkSettings("local[2]", "1g"), root / "spark", DETERMINISTIC_SPARK_CONF)
-    sales = storage.create_source("sales", SALES).id
-    for start in range(0, rows, LOAD_BATCH):
-        loaded = sales_rows(start, min(LOAD_BATCH, rows - start), seed=1, groups=groups)
-        storage.append(sales, loaded.append_column("_diff", pa.array([1] * loaded.num_rows, pa.int64())))
+    session = small_session(root)
+    sales = load_sales(storage, rows, groups=groups)
     sources = {"sales": sales}
     if shape == "b":
         sources["regions"] = storage.create_source("regions", REGIONS).id
@@ -84,23 +77,11 @@ def _run(root: Path, shape: str, rows: int, groups: int, change_rows: int, steps
     readers = {name: StorageReader(storage, id) for name, id in sources.items()}
     for reader in readers.values():
         reader.refresh(session)
-    desc = h.DataflowDescription(shape, SHAPES[shape], (), (h.IndexExport(shape, ()),), strategy="incremental")
-    dataflow_session = _spark.dataflow_session(session, DETERMINISTIC_SPARK_CONF)
-    flow = maintainer(desc, dataflow_session, readers, {}, 4)
-    conf = dataflow_session.conf
+    flow = SteppedFlow(session, shape, SHAPES[shape], readers)
+    conf = flow.session.conf
     keys = {key for way in ways for key in way}
     defaults = {key: conf.get(key, None) for key in keys}
-    version = None
-
-    def step(at: int) -> float:
-        nonlocal version
-        started = time.perf_counter()
-        output = flow.step(at)
-        version = output.version(version)
-        output.finish()
-        return time.perf_counter() - started
-
-    step(storage.upper(sales).time - 1)
+    flow.step(storage.upper(sales).time - 1)
     log(f"({shape}) at {rows:,} rows: hydrated")
     cpu = JvmCpu(session)
     seconds: list[list[float]] = [[] for _ in ways]
@@ -120,7 +101,7 @@ def _run(root: Path, shape: str, rows: int, groups: int, change_rows: int, steps
                 conf.set(key, value)
         if i == WARM_ROUNDS * len(ways):
             cpu.mark()
-        took = step(at)
+        took = flow.step(at)
         if i >= WARM_ROUNDS * len(ways):
             seconds[way].append(took)
             timed += 1
