@@ -57,8 +57,8 @@ class SteppedFlow:
         """Step to `at` and apply its changes to `version` (from `step` to `finish`, as a
         replica's step runs); the seconds it took."""
         started = time.perf_counter()
-        output = self.maintainer.step(at)
-        self.version = output.version(self.version)
+        output = self.maintainer.step([at])
+        _, self.version = output.versions(self.version)
         output.finish()
         return time.perf_counter() - started
 

@@ -173,8 +173,8 @@ class _Steps:
 
     def step(self, query: str, at: int) -> float:
         started = time.perf_counter()
-        output = self.flows[query].step(at)
-        self.versions[query] = output.version(self.versions.get(query))
+        output = self.flows[query].step([at])
+        _, self.versions[query] = output.versions(self.versions.get(query))
         output.finish()
         return time.perf_counter() - started
 

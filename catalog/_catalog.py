@@ -18,7 +18,7 @@ Rules of this module:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Self
 
@@ -27,7 +27,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from catalog import _collections, _events, _instances, _manifest, _recovery
+from catalog import _collections, _events, _instances, _manifest, _reconfigurations, _recovery
 from catalog._engine import default_url, make_engine, read_only, upgrade
 from catalog._errors import AlreadyExists, Fenced, InvalidArgument
 from catalog._instances import (
@@ -43,10 +43,13 @@ from catalog._records import (
     CollectionInfo,
     DataflowInfo,
     EventInfo,
+    HoldInfo,
+    HoldOwner,
     InstanceInfo,
     ManifestState,
     NewBatch,
     NewEvent,
+    ReconfigurationInfo,
     ReplicaInfo,
 )
 from history import ComputeCommand, ComputeParameters, Frontier, Import
@@ -256,9 +259,10 @@ class Catalog:
 
     def drop_instance(self, name: str) -> None:
         """Drop an instance, its replicas and its dataflows (their collections are
-        marked dropped). Refused while another instance imports one of its views."""
+        marked dropped, the holds they own on their inputs released in the same
+        transaction). Refused while another instance imports one of its views."""
         with self._write() as session:
-            _collections.drop_instance(session, name, self._now_ms())
+            _manifest.release_owned_holds(session, _collections.drop_instance(session, name, self._now_ms()))
 
     def get_instance(self, name: str) -> InstanceInfo:
         with self._read() as session:
@@ -323,19 +327,42 @@ class Catalog:
         with self._read() as session:
             return _instances.list_replicas(session, instance)
 
+    # --- Reconfigurations -------------------------------------------------------------
+
+    def begin_reconfiguration(
+        self, instance: str, *, size: str, old: Sequence[str], new: Sequence[str], deadline_ms: int, on_timeout: str
+    ) -> ReconfigurationInfo:
+        """Record a resize of `instance` (replicas `new` of `size` to replace `old`,
+        in sync by `deadline_ms` or else `on_timeout`) before any of it is done;
+        AlreadyExists while another reconfiguration of it runs."""
+        with self._write() as session:
+            return _reconfigurations.begin_reconfiguration(
+                session, instance, size=size, old=old, new=new, started_at_ms=self._now_ms(), deadline_ms=deadline_ms, on_timeout=on_timeout
+            )
+
+    def end_reconfiguration(self, instance: str) -> None:
+        """Forget `instance`'s reconfiguration: it ended (idempotent)."""
+        with self._write() as session:
+            _reconfigurations.end_reconfiguration(session, instance)
+
+    def list_reconfigurations(self) -> list[ReconfigurationInfo]:
+        """The reconfigurations in progress, by instance."""
+        with self._read() as session:
+            return _reconfigurations.list_reconfigurations(session)
+
     # --- Collections and dataflows ------------------------------------------------------
 
     def create_source(
         self, name: str, schema: str, *, since: Frontier = Frontier.minimum(), holders: Sequence[str] = ()
     ) -> CollectionInfo:
         """Record a source with `since = upper = since`, held there by each of `holders`
-        in the same transaction. `schema` is stored as given; `Storage.create_source`
+        in the same transaction, on behalf of the retention window (owner `retention`). `schema` is stored as given; `Storage.create_source`
         checks and normalizes it first."""
         conflict = f"a source or materialized view named {name!r} already exists"
         with self._write(conflict=conflict) as session:
             info = _collections.create_source(session, name, schema=schema, since=since)
             for holder in holders:
-                _manifest.acquire_read_hold(session, info.id, holder, since)
+                _manifest.acquire_read_hold(session, info.id, holder, since, HoldOwner.retention())
             return info
 
     def drop_source(self, id: str) -> None:
@@ -397,7 +424,8 @@ class Catalog:
         In the same transaction, the dataflow takes its read hold on each storage import
         at `as_of` (`dataflow_holder`), so no compaction can pass `as_of` between the
         record and the controller acting on it (DESIGN section 6: record, then act);
-        and each of `sink_holders` holds the materialized view's collection at `as_of`."""
+        and each of `sink_holders` holds the materialized view's collection at `as_of`
+        on behalf of the retention window."""
         conflict = (
             f"instance {instance!r} already has a dataflow named {name!r}, or a source or "
             f"materialized view named {name!r} already exists"
@@ -417,13 +445,14 @@ class Catalog:
                 compaction_window_ms=compaction_window_ms,
                 strategy=strategy,
             )
-            holder = _recovery.dataflow_holder(instance, info.export_ids[0])
+            key = info.export_ids[0]
+            holder = _recovery.dataflow_holder(instance, key)
             for source in info.imports:
                 if source.kind == "storage":
-                    _manifest.acquire_read_hold(session, source.id, holder, as_of)
+                    _manifest.acquire_read_hold(session, source.id, holder, as_of, HoldOwner.dataflow(key))
             if info.sink_id is not None:
                 for sink_holder in sink_holders:
-                    _manifest.acquire_read_hold(session, info.sink_id, sink_holder, as_of)
+                    _manifest.acquire_read_hold(session, info.sink_id, sink_holder, as_of, HoldOwner.retention())
             return info
 
     def record_compute_frontiers(
@@ -431,7 +460,8 @@ class Catalog:
     ) -> None:
         """Record, in one transaction, compute sinces (`id -> since`; a materialized
         view's is its dataflow's `sink_holder` hold) and storage read holds (`(id,
-        holder, frontier)`: moved forward, taken if absent, released when empty).
+        holder, frontier)`: moved forward, released when empty; never taken again once
+        missing, see `_manifest.move_read_hold`).
 
         All or nothing: the controller writes the latest value of every since and hold
         that moved as one cut of its state, in which an upstream index's since never
@@ -447,15 +477,17 @@ class Catalog:
                     _collections.record_frontiers(session, id, since=since, upper=None)
                 else:
                     holder = _recovery.sink_holder(row.dataflow_id)
-                    _manifest.move_read_hold(session, id, holder, since)
+                    _manifest.move_read_hold(session, id, holder, since, HoldOwner.dataflow(id))
             for id, holder, frontier in holds:
                 _manifest.move_read_hold(session, id, holder, frontier)
 
     def drop_dataflow(self, id: str) -> None:
-        """Drop a dataflow; its exports are marked dropped, a view's files retired.
-        Refused while another dataflow imports one of its exports."""
+        """Drop a dataflow; its exports are marked dropped, a view's files retired, and
+        its holds on its inputs released, all in one transaction (a controller dying
+        after it leaves none behind). Refused while another dataflow imports one of its
+        exports."""
         with self._write() as session:
-            _collections.drop_dataflow(session, id, self._now_ms())
+            _manifest.release_owned_holds(session, _collections.drop_dataflow(session, id, self._now_ms()))
 
     def get_dataflow(self, id: str) -> DataflowInfo:
         with self._read() as session:
@@ -493,6 +525,21 @@ class Catalog:
         with self._write(fenced=self.is_controller) as session:
             return _manifest.append_batch(session, id, expected_upper, new_upper, batch)
 
+    def append_group(self, write: Callable[[int], Mapping[str, NewBatch | None]]) -> int:
+        """A group commit of appends to sources, at one new write timestamp `ts`, in one
+        fenced transaction: take `ts` from the oracle, have `write(ts)` write each
+        source's batch file (None: no rows), record every batch (covering
+        `[its upper, ts + 1)`), and move every live source's upper to `ts + 1`. All of
+        it commits or none does (a crash included); `ts` is returned. The files are
+        written while the transaction holds the oracle, so one commit (one fsync of
+        the catalog) serves the whole group, and no later timestamp is issued until
+        it ends."""
+        with self._write() as session:
+            row = session.scalars(select(TimestampOracle).where(TimestampOracle.id == 1).with_for_update()).one()
+            ts = row.last_ts = max(self._now_ms(), row.last_ts + 1)
+            _manifest.append_group(session, write(ts), ts)
+        return ts
+
     def advance_sources(self, upper: Frontier) -> list[str]:
         """Move every live source whose upper is below `upper` to it, in one fenced
         transaction; the ids moved (`_manifest.advance_sources`)."""
@@ -504,10 +551,13 @@ class Catalog:
         with self._write() as session:
             return _manifest.replace_batches(session, id, old, new, self._now_ms())
 
-    def acquire_read_hold(self, id: str, holder: str, frontier: Frontier) -> CollectionInfo:
-        """A new hold by `holder` at `frontier` (not below since)."""
+    def acquire_read_hold(
+        self, id: str, holder: str, frontier: Frontier, owner: HoldOwner = HoldOwner.caller()
+    ) -> CollectionInfo:
+        """A new hold by `holder` at `frontier` (not below since), on behalf of `owner`
+        (by default the caller, who releases it)."""
         with self._write() as session:
-            return _manifest.acquire_read_hold(session, id, holder, frontier)
+            return _manifest.acquire_read_hold(session, id, holder, frontier, owner)
 
     def downgrade_read_hold(self, id: str, holder: str, frontier: Frontier) -> CollectionInfo:
         """Move `holder`'s hold forward to `frontier`; empty releases it."""
@@ -517,6 +567,18 @@ class Catalog:
     def release_read_hold(self, id: str, holder: str) -> CollectionInfo:
         with self._write() as session:
             return _manifest.release_read_hold(session, id, holder)
+
+    def list_holds(self) -> list[HoldInfo]:
+        """Every read hold with its owner, by collection and holder."""
+        with self._read() as session:
+            return _manifest.list_holds(session)
+
+    def remove_orphaned_holds(self, open_feeds: Callable[[], Collection[str]]) -> list[HoldInfo]:
+        """Delete, in one fenced transaction, every hold whose owner is gone (see
+        `_manifest.remove_orphaned_holds`; `open_feeds` names the holders of this
+        controller's open feeds) and return them."""
+        with self._write() as session:
+            return _manifest.remove_orphaned_holds(session, self._epoch or 0, open_feeds)
 
     def referenced_paths(self) -> set[str]:
         """Every blob path named by a batch or a retired-file row."""

@@ -11,7 +11,8 @@ Rules:
   alone. Live 'storage' names (sources and materialized views, shared by all instances)
   are unique across the catalog.
 - Nothing is dropped while a live dataflow imports it. A storage collection that is
-  dropped loses its batches and holds in the same transaction; their files are retired
+  dropped loses its batches and holds in the same transaction, and a dropped dataflow
+  the holds it owns on its inputs (released by the caller, `_manifest`); their files are retired
   (see `RetiredBlob`) for `Storage.collect_garbage`.
 - Functions neither commit nor roll back; they check everything before they write.
 """
@@ -376,30 +377,36 @@ def drop_source(session: Session, id: str, now_ms: int) -> None:
     _drop_collection_rows(session, [id], now_ms)
 
 
-def _drop_dataflow_rows(session: Session, rows: Sequence[Dataflow], now_ms: int) -> None:
+def _drop_dataflow_rows(session: Session, rows: Sequence[Dataflow], now_ms: int) -> list[str]:
+    """Drop the dataflows `rows` and their exports; the export ids, whose holds on other
+    collections the caller releases (`_manifest.release_owned_holds`)."""
     exports = [e for row in rows for e in dataflow_info(row).export_ids]
     _drop_collection_rows(session, exports, now_ms)
     for row in rows:
         session.delete(row)
     session.flush()
+    return exports
 
 
-def drop_dataflow(session: Session, id: str, now_ms: int) -> None:
+def drop_dataflow(session: Session, id: str, now_ms: int) -> list[str]:
+    """Drop a dataflow; its export ids (see `_drop_dataflow_rows`)."""
     row = _dataflow_row(session, id)
     info = dataflow_info(row)
     _refuse_if_imported(session, set(info.export_ids), f"dataflow {row.name} ({id})")
-    _drop_dataflow_rows(session, [row], now_ms)
+    return _drop_dataflow_rows(session, [row], now_ms)
 
 
-def drop_instance(session: Session, name: str, now_ms: int) -> None:
-    """Drop an instance with its replicas and dataflows. Refused while a dataflow of
-    another instance imports one of its materialized views."""
+def drop_instance(session: Session, name: str, now_ms: int) -> list[str]:
+    """Drop an instance with its replicas and dataflows; their export ids (see
+    `_drop_dataflow_rows`). Refused while a dataflow of another instance imports one of
+    its materialized views."""
     if session.get(Instance, name) is None:
         raise NotFound(f"instance {name!r} does not exist")
     rows = list(session.scalars(select(Dataflow).where(Dataflow.instance_name == name)))
     exports = {e for row in rows for e in dataflow_info(row).export_ids}
     _refuse_if_imported(session, exports, f"instance {name!r}", excluding={row.id for row in rows})
-    _drop_dataflow_rows(session, rows, now_ms)
+    exports = _drop_dataflow_rows(session, rows, now_ms)
     session.execute(delete(Replica).where(Replica.instance_name == name))
     session.execute(delete(Instance).where(Instance.name == name))
     session.flush()
+    return exports

@@ -7,6 +7,10 @@ Rules:
 - `since` = max(since, least read hold): it never regresses, and only advances as far
   as every hold allows. With no holds it stays where it is. A hold below since is
   refused.
+- Every hold has an owner (`_models.ReadHold`). A dataflow's is taken with its record
+  and deleted with its drop (`_collections`); a hold the controller moves is never taken
+  again once it is missing unless its owner is named and live; `remove_orphaned_holds`
+  deletes those whose owner is gone.
 - `replace_batches` is the commit step of compaction: batches wholly below since are
   replaced by one, in one transaction, and their files retired (not deleted), so a
   reader holding an older plan can still open them during the grace period.
@@ -15,7 +19,8 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Collection as Collection_
 
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
@@ -27,10 +32,13 @@ from catalog._models import Batch, Collection, ReadHold, RetiredBlob, frontier_f
 from catalog._records import (
     BatchInfo,
     CollectionInfo,
+    HoldInfo,
+    HoldOwner,
     ManifestState,
     NewBatch,
     batch_info,
     collection_info,
+    hold_info,
 )
 from history import Frontier
 
@@ -99,6 +107,29 @@ def append_batch(
     row.upper = new_upper.time
     session.flush()
     return collection_info(row)
+
+
+def append_group(session: Session, batches: Mapping[str, NewBatch | None], ts: int) -> None:
+    """Record each source's batch of `batches` at `ts` (covering `[its upper, ts + 1)`)
+    and move every live source's upper to `ts + 1` (`Catalog.append_group`). Sources
+    are locked in id order, so two groups cannot deadlock; a source whose upper is past
+    `ts` (closed, or another writer's) refuses the group."""
+    upper = Frontier(ts + 1)
+    for id in sorted(batches):
+        row = storage_row(session, id, lock=True)
+        current = frontier_from_db(row.upper)
+        if row.kind != "source":
+            raise InvalidArgument(f"{id} ({row.name}) is a materialized view; only sources take appends")
+        if current.is_empty or current.time > ts:
+            raise InvalidArgument(f"cannot append to {id} at {ts}: its upper is already {'closed' if current.is_empty else current.time}")
+        batch = batches[id]
+        if batch is not None:
+            session.execute(
+                insert(Batch).values(collection_id=id, lower=current.time, upper=upper.time, path=batch.path, rows=batch.rows, bytes=batch.bytes)
+            )
+        row.upper = upper.time
+    session.flush()
+    advance_sources(session, upper)
 
 
 def advance_sources(session: Session, upper: Frontier) -> list[str]:
@@ -180,9 +211,14 @@ def _advance_since(session: Session, row: Collection) -> CollectionInfo:
     return collection_info(row)
 
 
-def acquire_read_hold(session: Session, id: str, holder: str, frontier: Frontier) -> CollectionInfo:
+def acquire_read_hold(
+    session: Session, id: str, holder: str, frontier: Frontier, owner: HoldOwner = HoldOwner.caller()
+) -> CollectionInfo:
+    """A new hold by `holder` on behalf of `owner` (a dataflow's export must be live)."""
     check_text("holder", holder)
     check_frontier("frontier", frontier, allow_empty=False)
+    if not isinstance(owner, HoldOwner):
+        raise InvalidArgument(f"owner must be a HoldOwner, not {owner!r}")
     row = storage_row(session, id, lock=True)
     if frontier < frontier_from_db(row.since):
         raise InvalidArgument(
@@ -190,7 +226,18 @@ def acquire_read_hold(session: Session, id: str, holder: str, frontier: Frontier
         )
     if session.get(ReadHold, (id, holder)) is not None:
         raise AlreadyExists(f"{holder!r} already holds {id}; downgrade or release that hold")
-    session.add(ReadHold(collection_id=id, holder=holder, frontier=frontier.time))
+    if owner.kind == "dataflow":
+        collection_row(session, owner.collection or "")  # NotFound once dropped: no hold for the gone
+    session.add(
+        ReadHold(
+            collection_id=id,
+            holder=holder,
+            frontier=frontier.time,
+            owner=owner.kind,
+            owner_collection=owner.collection,
+            owner_epoch=owner.epoch,
+        )
+    )
     session.flush()
     return _advance_since(session, row)
 
@@ -215,18 +262,20 @@ def downgrade_read_hold(
     return _advance_since(session, row)
 
 
-def move_read_hold(session: Session, id: str, holder: str, frontier: Frontier) -> None:
+def move_read_hold(session: Session, id: str, holder: str, frontier: Frontier, owner: HoldOwner | None = None) -> None:
     """Bring `holder`'s hold on `id` to `frontier`: forward if it has one (a value behind
-    it is ignored), taken if not (at the since, if `frontier` is behind it: never a
-    refusal that would fail the batch it is part of), released when `frontier` is empty.
-    A dropped collection is left alone: its holds went with it."""
+    it is ignored), released when `frontier` is empty. A missing hold is taken only for
+    a live `owner` (at the since, if `frontier` is behind it: never a refusal that would
+    fail the batch it is part of); without one it stays missing: a dataflow's input hold
+    goes only with its dataflow's drop or as an orphan, and moving it must not bring it
+    back. A dropped collection is left alone: its holds went with it."""
     row = collection_row(session, id, live=False, lock=True)
     if row.dropped:
         return
     hold = session.get(ReadHold, (id, holder))
     if hold is None:
-        if not frontier.is_empty:
-            acquire_read_hold(session, id, holder, frontier.join(frontier_from_db(row.since)))
+        if not frontier.is_empty and owner is not None and _owner_live(session, owner):
+            acquire_read_hold(session, id, holder, frontier.join(frontier_from_db(row.since)), owner)
     elif frontier.is_empty:
         release_read_hold(session, id, holder)
     elif frontier.time > hold.frontier:
@@ -238,6 +287,65 @@ def release_read_hold(session: Session, id: str, holder: str) -> CollectionInfo:
     session.delete(_hold_row(session, id, holder))
     session.flush()
     return _advance_since(session, row)
+
+
+def release_owned_holds(session: Session, owners: Sequence[str]) -> None:
+    """Release the holds owned by the dataflow exports `owners` (dropped in this
+    transaction), letting each held collection's since follow."""
+    held = session.scalars(select(ReadHold.collection_id).where(ReadHold.owner_collection.in_(list(owners)))).all()
+    for id in sorted(set(held)):
+        row = storage_row(session, id, lock=True)
+        session.execute(delete(ReadHold).where(ReadHold.collection_id == id, ReadHold.owner_collection.in_(list(owners))))
+        session.flush()
+        _advance_since(session, row)
+
+
+def _owner_live(session: Session, owner: HoldOwner) -> bool:
+    if owner.kind != "dataflow":
+        return True
+    found = session.get(Collection, owner.collection)
+    return found is not None and not found.dropped
+
+
+def list_holds(session: Session) -> list[HoldInfo]:
+    """Every read hold, by collection and holder."""
+    rows = session.scalars(select(ReadHold).order_by(ReadHold.collection_id, ReadHold.holder))
+    return [hold_info(row) for row in rows]
+
+
+def remove_orphaned_holds(session: Session, epoch: int, open_feeds: Callable[[], Collection_[str]]) -> list[HoldInfo]:
+    """Delete the holds whose owner is gone, and let their collections' sinces follow;
+    returns them. Gone: a dataflow's export dropped; a feed of an epoch before `epoch`
+    (the current controller's), or of `epoch` and not among `open_feeds()`.
+
+    `open_feeds` is asked after the holds are read, and a feed registers its holder
+    before it takes its hold and forgets it only once done with it: so a hold read here
+    whose feed is not among the open ones belongs to a feed already closed, never to
+    one just opening."""
+    dropped = select(Collection.id).where(Collection.dropped.is_(True))
+    candidates = list(
+        session.scalars(
+            select(ReadHold).where(
+                ((ReadHold.owner == "dataflow") & ReadHold.owner_collection.in_(dropped))
+                | ((ReadHold.owner == "feed") & (ReadHold.owner_epoch <= epoch))
+            )
+        )
+    )
+    if not candidates:
+        return []
+    open_now = set(open_feeds())
+    orphans = [
+        hold for hold in candidates if hold.owner == "dataflow" or hold.owner_epoch < epoch or hold.holder not in open_now
+    ]
+    removed = [hold_info(hold) for hold in orphans]
+    for id in sorted({hold.collection_id for hold in orphans}):
+        row = storage_row(session, id, lock=True)
+        for hold in orphans:
+            if hold.collection_id == id:
+                session.delete(hold)
+        session.flush()
+        _advance_since(session, row)
+    return removed
 
 
 # --- Garbage --------------------------------------------------------------------------

@@ -157,6 +157,33 @@ class Replica(Base):
     incarnation: Mapped[int]
 
 
+class Reconfiguration(Base):
+    """An instance's reconfiguration in progress (DESIGN section 13: reconfigurations
+    are durable records), at most one per instance: a resize to `size` that adds the
+    replicas `new` and then drops `old` (JSON lists of names). By `deadline_ms` (the
+    catalog's clock) the new ones must be in sync; otherwise `on_timeout` says whether
+    to roll back (drop the new ones) or commit (drop the old ones all the same). The row
+    is deleted once the reconfiguration ended either way; a controller that finds one
+    at start, or a new leader, carries it on (`controller._reconfigure`)."""
+
+    __tablename__ = "reconfigurations"
+    __table_args__ = (
+        CheckConstraint("kind = 'resize'", name="kind_known"),
+        CheckConstraint("on_timeout IN ('rollback', 'commit')", name="on_timeout_known"),
+    )
+
+    instance_name: Mapped[str] = mapped_column(
+        ForeignKey("instances.name", ondelete="CASCADE"), primary_key=True
+    )
+    kind: Mapped[str] = mapped_column(String(16))
+    size: Mapped[str] = mapped_column(String(64))
+    old: Mapped[list[Any]]
+    new: Mapped[list[Any]]
+    started_at_ms: Mapped[int]
+    deadline_ms: Mapped[int]
+    on_timeout: Mapped[str] = mapped_column(String(16))
+
+
 # --- Collections and dataflows --------------------------------------------------------
 
 
@@ -255,15 +282,41 @@ class Batch(Base):
     bytes: Mapped[int]
 
 
+HOLD_OWNERS = ("dataflow", "feed", "retention", "caller")
+
+
 class ReadHold(Base):
     """A named hold on a storage collection: `holder` may still read at `frontier` and
-    later. A collection's `since` is never beyond the least of its holds."""
+    later. A collection's `since` is never beyond the least of its holds.
+
+    Every hold has an `owner` the catalog can check (DESIGN section 3), so that one
+    whose owner is gone can be found and removed (`_manifest.orphaned_holds`):
+    - 'dataflow': a dataflow's hold on an input or on its materialized view;
+      `owner_collection` is the dataflow's export it belongs to (its first export for
+      input holds, the view for the view's own). Gone once that collection is dropped.
+    - 'feed': a storage subscription feed of the controller of epoch `owner_epoch`.
+      Gone once a newer controller runs, or when that controller no longer has it open.
+    - 'retention': the storage upkeep's retention window; goes with its collection.
+    - 'caller': taken through the storage API by its own caller (tools, tests), who
+      releases it; the controller takes none.
+    """
 
     __tablename__ = "read_holds"
+    __table_args__ = (
+        CheckConstraint(
+            "(owner = 'dataflow' AND owner_collection IS NOT NULL AND owner_epoch IS NULL) OR "
+            "(owner = 'feed' AND owner_epoch IS NOT NULL AND owner_collection IS NULL) OR "
+            "(owner IN ('retention', 'caller') AND owner_collection IS NULL AND owner_epoch IS NULL)",
+            name="owner_named",
+        ),
+    )
 
     collection_id: Mapped[str] = mapped_column(ForeignKey("collections.id"), primary_key=True)
     holder: Mapped[str] = mapped_column(primary_key=True)
     frontier: Mapped[int]
+    owner: Mapped[str] = mapped_column(String(16))
+    owner_collection: Mapped[str | None] = mapped_column(String(ID_LENGTH), ForeignKey("collections.id"))
+    owner_epoch: Mapped[int | None]
 
 
 class RetiredBlob(Base):
@@ -283,8 +336,9 @@ class RetiredBlob(Base):
 
 class Event(Base):
     """Something an operator should see happened to an instance: a replica failed or
-    came back, a dataflow failed, replicas disagreed, a controller took over. `replica`
-    is "" when none is concerned. Only the latest `EVENTS_RETAINED` rows are kept; an
+    came back, a dataflow failed, replicas disagreed, a controller took over; or to
+    storage, which belongs to no instance (`instance` "": an orphaned hold removed).
+    `replica` is "" when none is concerned. Only the latest `EVENTS_RETAINED` rows are kept; an
     instance's events outlive it (its drop is one of them)."""
 
     __tablename__ = "events"

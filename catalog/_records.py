@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from catalog._models import Batch, Collection, Dataflow, Event, Instance, Replica, frontier_from_db
+from catalog._models import Batch, Collection, Dataflow, Event, Instance, ReadHold, Reconfiguration, Replica, frontier_from_db
 from history import (
     ComputeParameters,
     DataflowDescription,
@@ -66,6 +66,20 @@ class ReplicaInfo:
 
     def conf(self) -> dict[str, str]:
         return dict(self.spark_conf)
+
+
+@dataclass(frozen=True, slots=True)
+class ReconfigurationInfo:
+    """A recorded reconfiguration in progress (see `_models.Reconfiguration`)."""
+
+    instance: str
+    kind: Literal["resize"]
+    size: str
+    old: tuple[str, ...]
+    new: tuple[str, ...]
+    started_at_ms: int
+    deadline_ms: int
+    on_timeout: Literal["rollback", "commit"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +192,55 @@ class NewBatch:
     bytes: int
 
 
+HoldOwnerKind = Literal["dataflow", "feed", "retention", "caller"]
+
+
+@dataclass(frozen=True, slots=True)
+class HoldOwner:
+    """Who a read hold belongs to (see `_models.ReadHold`): a dataflow, by the export
+    it belongs to (`collection`); a storage feed, by its controller's `epoch`; the
+    retention window; or the caller of the storage API. Build one with the class
+    methods."""
+
+    kind: HoldOwnerKind
+    collection: str | None = None
+    epoch: int | None = None
+
+    @classmethod
+    def dataflow(cls, export_id: str) -> HoldOwner:
+        return cls("dataflow", collection=export_id)
+
+    @classmethod
+    def feed(cls, epoch: int) -> HoldOwner:
+        return cls("feed", epoch=epoch)
+
+    @classmethod
+    def retention(cls) -> HoldOwner:
+        return cls("retention")
+
+    @classmethod
+    def caller(cls) -> HoldOwner:
+        return cls("caller")
+
+    def __str__(self) -> str:
+        if self.kind == "dataflow":
+            return f"dataflow of {self.collection}"
+        if self.kind == "feed":
+            return f"feed of controller epoch {self.epoch}"
+        return self.kind
+
+
+@dataclass(frozen=True, slots=True)
+class HoldInfo:
+    """One read hold: `holder` holds storage collection `collection_id` readable at
+    `frontier` and later, on behalf of `owner`."""
+
+    collection_id: str
+    holder: str
+    frontier: Frontier
+    owner: HoldOwner
+
+
 @dataclass(frozen=True, slots=True)
 class ManifestState:
     """One consistent view of a storage collection: frontiers, batches (by `lower`)
@@ -262,3 +325,14 @@ def batch_info(row: Batch) -> BatchInfo:
 
 def event_info(row: Event) -> EventInfo:
     return EventInfo(id=row.id, at_ms=row.at_ms, instance=row.instance, kind=row.kind, replica=row.replica, message=row.message)
+
+
+def hold_info(row: ReadHold) -> HoldInfo:
+    owner = HoldOwner(row.owner, collection=row.owner_collection, epoch=row.owner_epoch)  # type: ignore[arg-type]
+    return HoldInfo(row.collection_id, row.holder, frontier_from_db(row.frontier), owner)
+
+
+def reconfiguration_info(row: Reconfiguration) -> ReconfigurationInfo:
+    return ReconfigurationInfo(
+        row.instance_name, row.kind, row.size, tuple(row.old), tuple(row.new), row.started_at_ms, row.deadline_ms, row.on_timeout  # type: ignore[arg-type]
+    )

@@ -58,7 +58,10 @@ class DataflowStatusView:
     (it stays failed); `last_step_ms` and `rows_changed` describe its latest step (rows
     inserted plus rows retracted); `steps` counts the versions it computed since it was
     built there. While it hydrates, `hydration_tasks_done` of `hydration_tasks_total`
-    are the Spark tasks of its first step's jobs so far (both 0 when not known)."""
+    are the Spark tasks of its first step's jobs so far (both 0 when not known). Its
+    backlog there: `pending_times` change times not computed yet, holding
+    `pending_rows` input updates (a bound), and `last_step_times` the times its latest
+    step computed in one pass."""
 
     hydrated: bool
     error: str | None
@@ -68,6 +71,9 @@ class DataflowStatusView:
     steps: int
     hydration_tasks_done: int = 0
     hydration_tasks_total: int = 0
+    pending_times: int = 0
+    pending_rows: int = 0
+    last_step_times: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +172,32 @@ class SubscribeBatch:
 
 
 @dataclass(frozen=True, slots=True)
+class HoldView:
+    """A read hold on a storage collection: `holder` may still read it at `frontier`
+    and later, on behalf of `owner` ("dataflow of u6", "feed of controller epoch 3",
+    "retention", "caller"); `held_back_ms` is how far behind the collection's latest
+    complete time (its upper less one) it holds it, None once the collection is closed."""
+
+    holder: str
+    owner: str
+    frontier: int
+    held_back_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class StorageView:
+    """A storage collection with what holds its since back: `holds`, least frontier
+    first (the first sets the since, unless it is older)."""
+
+    id: str
+    name: str
+    kind: str
+    since: int | None
+    upper: int | None
+    holds: tuple[HoldView, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class EventView:
     """A recorded event (see `ControllerApi.events`); `replica` is "" when none is
     concerned. Ids increase in the order events were recorded."""
@@ -257,9 +289,13 @@ class ControllerApi(Protocol):
 
     async def drop_replica(self, instance: str, name: str, *, force: bool = False) -> None: ...
 
-    async def resize(self, instance: str, size: str, *, timeout_ms: int = 600_000) -> list[ReplicaView]:
+    async def resize(self, instance: str, size: str, *, timeout_ms: int = 600_000, on_timeout: str = "rollback") -> list[ReplicaView]:
         """Add replicas of `size`, wait until they are in sync, drop the old ones; returns
-        the instance's replicas after."""
+        the instance's replicas after. One durable reconfiguration: recorded first,
+        carried on by the next controller if this one dies. New replicas not in sync
+        within `timeout_ms` are dropped ("rollback": DEADLINE_EXCEEDED) or replace the
+        old ones all the same ("commit"). FAILED_PRECONDITION while another resize of
+        the instance runs."""
         ...
 
     async def create_source(self, name: str, schema: str) -> SourceView: ...
@@ -328,6 +364,10 @@ class ControllerApi(Protocol):
         progress: bool = False,
     ) -> Feed:
         """The open feed of `name` (see `SubscribeBatch`); the caller closes it."""
+        ...
+
+    async def storage_holds(self) -> list[StorageView]:
+        """Every live storage collection with its read holds (what pins its since)."""
         ...
 
     async def events(self, instance: str | None = None, *, after: int | None = None, limit: int = 100) -> list[EventView]:

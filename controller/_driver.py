@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 
 TICK_S = 0.25
 RECORD_RETRY_S = 1.0  # after a failed write of holds and sinces
+# Events an operator must look at, logged as warnings; the others (replicas added,
+# hydrated, reconciled, ...) are routine, at INFO.
+WARNING_EVENTS = frozenset({"replica_failed", "dataflow_failed", "slow", "diverged", "arbitration"})
 
 Step = Callable[[ComputeInstance], Any]
 
@@ -164,7 +167,7 @@ class InstanceDriver:
         if not new:
             return
         for event in new:
-            log.warning("instance %s: %s", self.name, event.message)
+            log.log(logging.WARNING if event.kind in WARNING_EVENTS else logging.INFO, "instance %s: %s", self.name, event.message)
         self._events_pending += new
         if self._events_flush is None or self._events_flush.done():
             self._events_flush = asyncio.get_running_loop().create_task(self._flush_events())

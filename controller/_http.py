@@ -17,13 +17,16 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from importlib import resources
 from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import make_wsgi_app
+
+from controller._api import DataflowView
+from controller._upkeep import RETENTION_HOLDER
 
 if TYPE_CHECKING:
     from controller.runtime import Controller
@@ -132,15 +135,54 @@ class HttpListener:
 
     async def status(self) -> dict[str, Any]:
         """What `/api/status` answers: `Controller.status` of every instance with the lag
-        history of its collections, and the latest events."""
+        history of its collections and what each collection is (`kinds`: an index or a
+        materialized view, of which dataflow), the sources with their read holds, and
+        the latest events."""
         views = await self.controller.status()
+        dataflows = await self.controller.list_dataflows()
+        sources = await self.controller.list_sources()
+        holds = await asyncio.to_thread(lambda: {s.id: self.controller.catalog.manifest(s.id).holds for s in sources})
         events = await self.controller.events(limit=EVENTS_SHOWN)
         return {
             "epoch": self.controller.epoch,
             "now_ms": int(time.time() * 1000),
-            "instances": [{**dataclasses.asdict(view), "lag_history": self.lag.of(view.name)} for view in views],
+            "instances": [
+                {**dataclasses.asdict(view), "lag_history": self.lag.of(view.name), "kinds": _kinds(d for d in dataflows if d.instance == view.name)}
+                for view in views
+            ],
+            "sources": [
+                {**dataclasses.asdict(source), "holds": [{"holder": _holder(holder, dataflows), "at": at.time} for holder, at in holds[source.id]]}
+                for source in sources
+            ],
             "events": [dataclasses.asdict(event) for event in events],
         }
+
+
+def _kinds(dataflows: Iterable[DataflowView]) -> dict[str, dict[str, str]]:
+    """Collection id -> its kind ("index", "materialized view") and dataflow: a dataflow
+    with both has two collections of one name."""
+    kinds = {}
+    for d in dataflows:
+        if d.index_id is not None:
+            kinds[d.index_id] = {"kind": "index", "dataflow": d.name}
+        if d.sink_id is not None:
+            kinds[d.sink_id] = {"kind": "materialized view", "dataflow": d.name}
+    return kinds
+
+
+def _holder(holder: str, dataflows: Sequence[DataflowView]) -> str:
+    """Who holds a source back, in words: a dataflow (by the first export id its hold
+    is named by, `catalog.dataflow_holder`), the retention window, a change feed; any
+    other holder as it is named."""
+    if holder == RETENTION_HOLDER:
+        return "retention window"
+    if holder.startswith("subscribe:"):
+        return "a change feed (tandem subscribe)"
+    instance, _, key = holder.partition("/")
+    for d in dataflows:
+        if d.instance == instance and key in (d.index_id, d.sink_id):
+            return f"dataflow {d.name} of instance {instance}"
+    return holder
 
 
 def _respond(start_response: Callable, status: str, content_type: str, body: bytes) -> list[bytes]:

@@ -35,6 +35,9 @@ Rules (DESIGN section 6):
   the reduced history (far-horizon), which a live process reconciles. After failures in
   a row it backs off (`InstanceOptions.retry_delay_ms`): time enters only through
   `tick`, so a waiting replica connects on the first tick past its retry time.
+
+Health (hydration, lag, in-sync replicas, gray failure) is read off this state by the
+base class `InstanceHealth`, in `_health.py`.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Collection, Iterable, Literal, Mapping, Union
 
 from catalog import DEFAULT_MAX_HOLD_BACK_MS, DEFAULT_MAX_LAG_MS, DEFAULT_MIN_IN_SYNC, DEFAULT_REPLICA_TIMEOUT_MS, dataflow_holder
+from controller._health import InstanceHealth, LosingStreak
 from history import (
     AllowCompaction,
     CancelPeek,
@@ -208,10 +212,12 @@ class InstanceOptions:
     # one for this long past its as_of) no longer holds compaction back: its session
     # is given up and it is rehydrated at the current sinces.
     max_hold_back_ms: int = DEFAULT_MAX_HOLD_BACK_MS
-    # Gray failure: a replica that loses every peek race by more than `slow_after_ms`
-    # for `slow_period_ms` is reported slow; with `replace_slow`, it is rehydrated.
+    # Gray failure: a replica that loses at least `slow_min_races` peek races in a row,
+    # each by more than `slow_after_ms`, over at least `slow_period_ms`, is reported
+    # slow; with `replace_slow`, it is rehydrated (see `InstanceHealth._slow`).
     slow_after_ms: int = 1_000
     slow_period_ms: int = 10_000
+    slow_min_races: int = 5
     replace_slow: bool = False
 
     def retry_delay_ms(self, failures: int) -> int:
@@ -286,7 +292,7 @@ class ReplicaState:
     # Why its answers are not trusted (its digest disagreed with a majority); None once
     # it agrees again. A diverged replica answers no read and is not in sync.
     diverged: str | None = None
-    losing_since_ms: int | None = None  # since when it lost every peek race by a lot
+    losing: LosingStreak | None = None  # the races it lost by far, in a row (gray failure)
     reported_slow: bool = False  # a `slow` event was recorded for the current stretch
     reconciled: tuple[int, int, int] = (0, 0, 0)  # (pid, kept, built) last reported
     resumes: int = 0  # incarnations brought up near-horizon (just the missed suffix)
@@ -380,26 +386,10 @@ class Event:
     replica: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class ReplicaHealth:
-    """One replica's health (see `ComputeInstance.health`)."""
-
-    name: str
-    epoch: int
-    phase: ReplicaPhase
-    hydrated: bool
-    in_sync: bool  # for every dataflow: not failed, hydrated, within max_lag_ms
-    in_sync_where_served: bool  # the same, but only for dataflows some replica serves
-    lag_ms: int | None  # None: not hydrated somewhere, so the lag is unbounded
-    peeks_won: int
-    wallclock_lag_ms: int | None = None  # now - its write frontier, at worst; None as lag_ms
-    slow: bool = False  # a gray failure: see `ComputeInstance._slow`
-
-
 # --- The instance ---------------------------------------------------------------------
 
 
-class ComputeInstance:
+class ComputeInstance(InstanceHealth):
     """One compute instance: history, replicas, collections, peeks.
 
     Every public method returns the list of effects to carry out, in order.
@@ -446,16 +436,18 @@ class ComputeInstance:
 
     # --- Replicas ---------------------------------------------------------------------
 
-    def add_replica(self, name: str) -> list[Effect]:
+    def add_replica(self, name: str, incarnation: int = 1) -> list[Effect]:
+        """Add replica `name`, to connect as `incarnation`: a replica recovered after a
+        controller restart goes on from its recorded one (its number fell back to 1)."""
         if name in self.replicas:
             raise InstanceError("ALREADY_EXISTS", f"replica {name!r} already exists in instance {self.config.name!r}")
         # The order fewer replicas take (the cheapest first on a tie), so that replicas
         # take opposite orders however many were dropped: the first answer to each
         # dataflow then comes from whichever reaches it first.
         costliest = sum(r.costliest_first for r in self.replicas.values())
-        replica = ReplicaState(name, last_heard_ms=self.now_ms, costliest_first=2 * costliest < len(self.replicas))
+        replica = ReplicaState(name, epoch=incarnation, last_heard_ms=self.now_ms, costliest_first=2 * costliest < len(self.replicas))
         self.replicas[name] = replica
-        return [Connect(name, 1, costliest_first=replica.costliest_first)]
+        return [Connect(name, incarnation, costliest_first=replica.costliest_first)]
 
     def check_drop_replica(self, name: str, *, force: bool = False) -> None:
         """Raise unless `drop_replica(name, force=force)` would be accepted: unforced, an
@@ -564,7 +556,7 @@ class ComputeInstance:
         replica.failures += 1
         replica.consecutive_failures += 1
         replica.retry_at_ms = self.now_ms + self.options.retry_delay_ms(replica.consecutive_failures)
-        replica.in_sync_since_ms = replica.losing_since_ms = None
+        replica.in_sync_since_ms = replica.losing = None
         replica.last_failure = reason
         self._event(
             "replica_failed",
@@ -617,10 +609,17 @@ class ComputeInstance:
     def _note_status(self, replica: ReplicaState, response: StatusResponse) -> None:
         """Events for what a status report shows changed: dataflows kept or rebuilt by
         reconciliation (its process's counters; a new process starts from zero), and
-        dataflows that failed."""
+        dataflows that failed. The first report this instance has of a replica is the
+        baseline: its counters say what its process did before (for a controller just
+        restarted, what the previous controller's sessions did), which a `reconciled`
+        event would have told as news, and then again as the reconciliation's. (A
+        replica sends its first status as it acknowledges the `Hello`, before the replay
+        it reconciles with can reach it.)"""
         pid, kept, built = replica.reconciled
         new_process = response.pid != pid
-        if new_process:
+        if not pid:
+            kept, built = response.dataflows_kept, response.dataflows_built
+        elif new_process:
             kept = built = 0
         if response.dataflows_kept > kept or response.dataflows_built > built:
             what = f"replica {replica.name} kept {response.dataflows_kept - kept} and built {response.dataflows_built - built} dataflows"
@@ -742,7 +741,8 @@ class ComputeInstance:
             replica.hydration_ms[response.id] = self.now_ms - given
             dataflow = self.dataflows.get(collection.dataflow)
             if dataflow is not None and response.id == collection.dataflow:  # once per dataflow, not per export
-                what = f"replica {replica.name} hydrated dataflow {dataflow.desc.name} in {self.now_ms - given} ms"
+                # "Serves", not "hydrated": a dataflow reconciliation kept serves at once.
+                what = f"replica {replica.name} serves dataflow {dataflow.desc.name}, {self.now_ms - given} ms after it was given it"
                 self._event("hydrated", what, replica=replica.name)
         # W moves c's implied hold; the replica's frontier moves its dataflow's input holds.
         return self._update_holds([collection.id], [collection.dataflow])
@@ -793,36 +793,6 @@ class ComputeInstance:
 
     def _end_subscription(self, uuid: str, code: str, message: str) -> list[Effect]:
         return [SubscribeEnded(uuid, code, message)] + self.cancel_subscribe(uuid)
-
-    def _note_race(self, peek: Peek, winner: ReplicaState) -> None:
-        """A race for `peek` was won: the winner is not losing; every other active
-        replica that still had more than `slow_after_ms` to compute before it could
-        answer (its write frontiers that far from the peek's time) lost by that much."""
-        winner.losing_since_ms = None
-        for replica in self.replicas.values():
-            if replica is winner or replica.phase != "active":
-                continue
-            behind = 0
-            for id in peek.target.collection_ids:
-                frontier = replica.frontiers.get(id)
-                if frontier is None:
-                    behind = None  # not hydrated: slow at something else
-                    break
-                if not frontier.is_empty:
-                    behind = max(behind, peek.timestamp + 1 - frontier.time)
-            if behind is None:
-                continue
-            if behind > self.options.slow_after_ms:
-                if replica.losing_since_ms is None:
-                    replica.losing_since_ms = self.now_ms
-            else:
-                replica.losing_since_ms = None
-
-    def _slow(self, replica: ReplicaState) -> bool:
-        """It has lost every race it was in by more than `slow_after_ms` for
-        `slow_period_ms` (a gray failure: alive, answering heartbeats, but behind)."""
-        since = replica.losing_since_ms
-        return replica.phase == "active" and since is not None and self.now_ms - since >= self.options.slow_period_ms
 
     def _peek_failure(self, pending: PendingPeek) -> str | None:
         """The error that answers `pending` now, naming each replica and its error; None
@@ -1098,15 +1068,14 @@ class ComputeInstance:
                     replica.session = None
                     effects += self.replica_failed(replica.name, replica.epoch, held_back)
                 elif self.options.replace_slow and self._slow(replica):
-                    lost_ms = self.now_ms - replica.losing_since_ms
+                    why = self._slowness(replica)
                     replica.session = None
-                    effects += self.replica_failed(replica.name, replica.epoch, f"slow: it lost every read for {lost_ms} ms")
+                    effects += self.replica_failed(replica.name, replica.epoch, f"slow: {why}")
                 elif replica.consecutive_failures:
                     self._count_stability(replica, excused)
                 slow = self._slow(replica)
                 if slow and not replica.reported_slow:
-                    lost_ms = self.now_ms - replica.losing_since_ms
-                    self._event("slow", f"replica {replica.name} is slow: it lost every read it raced in for {lost_ms} ms", replica=replica.name)
+                    self._event("slow", f"replica {replica.name} is slow: {self._slowness(replica)}", replica=replica.name)
                 replica.reported_slow = slow
             elif session is not None and session.detached_ms is not None:
                 detached = self.now_ms - session.detached_ms
@@ -1322,149 +1291,3 @@ class ComputeInstance:
             else:
                 effects.append(StorageHold(source.id, self._holder(key), new))
         return effects
-
-    # --- Health -----------------------------------------------------------------------
-
-    def _dataflow_error(self, replica: ReplicaState, key: str) -> str | None:
-        """The error with which `replica` last reported dataflow `key` failed, if it did."""
-        status = replica.dataflow_status.get(key)
-        return None if status is None else status.error
-
-    def hydrated(self, replica: ReplicaState, id: str) -> bool:
-        """`replica` computed collection `id` past the as_of it was given: a replica added
-        or rehydrated late is replayed the dataflow at its since, and reports that as_of
-        at once. A dropped export (empty since) no longer counts."""
-        collection = self.collections[id]
-        if collection.since.is_empty:
-            return True
-        frontier = replica.frontiers.get(id)
-        return frontier is not None and frontier > replica.as_ofs.get(id, collection.as_of)
-
-    def _why_not_serving(self, replica: ReplicaState, key: str) -> str | None:
-        """Why `replica` cannot answer reads of dataflow `key` now; None when it can: it is
-        active, has not reported the dataflow failed, and is hydrated for every export.
-        (Replica-wide errors stop progress, not reads of what it holds.)"""
-        if replica.phase != "active":
-            return f"{replica.name} is {replica.phase}"
-        if replica.diverged is not None:
-            return f"{replica.name} diverged on {replica.diverged}"
-        error = self._dataflow_error(replica, key)
-        if error is not None:
-            return f"failed on {replica.name}: {error}"
-        if not all(self.hydrated(replica, id) for id in self.dataflows[key].export_ids):
-            return f"not hydrated on {replica.name}"
-        return None
-
-    def _unservable(self) -> dict[str, str]:
-        """Dataflow key -> why no replica can serve it (each replica's reason), for every
-        dataflow with a readable export."""
-        result = {}
-        for key, dataflow in self.dataflows.items():
-            if all(self.collections[id].since.is_empty for id in dataflow.export_ids):
-                continue
-            reasons = []
-            for replica in self.replicas.values():
-                reason = self._why_not_serving(replica, key)
-                if reason is None:
-                    break
-                reasons.append(reason)
-            else:
-                result[key] = "; ".join(reasons) or "no replicas"
-        return result
-
-    def unavailable_dataflows(self) -> dict[str, str]:
-        """Live dataflow name -> why no replica can serve it, e.g. "failed on r1: ...;
-        not hydrated on r2". A peek of one that every active replica reports failed is
-        refused at once (see `peek`)."""
-        unservable = self._unservable()
-        return {name: unservable[key] for name, key in self.names.items() if key in unservable}
-
-    def _lag_ms(self, replica: ReplicaState, excused: Collection[str] = ()) -> int | None:
-        """The most `replica` lags W over the exports of every dataflow not `excused`;
-        None when it is not hydrated for one of them (the lag is unbounded)."""
-        lag = 0
-        for key, dataflow in self.dataflows.items():
-            if key in excused:
-                continue
-            for id in dataflow.export_ids:
-                if self.collections[id].since.is_empty:
-                    continue
-                if not self.hydrated(replica, id):
-                    return None
-                write, frontier = self.collections[id].write_frontier, replica.frontiers.get(id)
-                if frontier is not None and not write.is_empty:
-                    lag = max(lag, write.time - (write.time if frontier.is_empty else frontier.time))
-        return lag
-
-    def wallclock_lag_ms(self, frontier: Frontier) -> int | None:
-        """How far `frontier` is behind the clock (times are ms); None once empty."""
-        return None if frontier.is_empty else max(0, self.now_ms - frontier.time)
-
-    def _replica_wallclock_lag_ms(self, replica: ReplicaState) -> int:
-        """The most `replica`'s reported write frontiers are behind the clock, over the
-        live collections (call only when it is hydrated: each has a report)."""
-        lags = [self.wallclock_lag_ms(replica.frontiers[id]) for id, c in self.collections.items() if not c.since.is_empty and id in replica.frontiers]
-        return max((lag for lag in lags if lag is not None), default=0)
-
-    def stale_collections(self) -> dict[str, int]:
-        """Live collection id -> its wallclock lag, for those whose W is more than
-        `max_lag_ms` behind the clock: stale on every replica."""
-        result = {}
-        for id, collection in self.collections.items():
-            lag = self.wallclock_lag_ms(collection.write_frontier)
-            if not collection.since.is_empty and lag is not None and lag > self.options.max_lag_ms:
-                result[id] = lag
-        return result
-
-    def _in_sync(self, replica: ReplicaState, excused: Collection[str] = ()) -> bool:
-        """Active, no replica-wide errors, and for every dataflow not `excused`: not failed
-        on it, hydrated, and within `max_lag_ms` of W."""
-        if replica.phase != "active" or replica.diverged is not None or (replica.status is not None and replica.status.errors):
-            return False
-        if any(self._dataflow_error(replica, key) is not None for key in self.dataflows if key not in excused):
-            return False
-        lag = self._lag_ms(replica, excused)
-        return lag is not None and lag <= self.options.max_lag_ms
-
-    def health(self) -> list[ReplicaHealth]:
-        """Each replica's health. `in_sync` is strict: a replica with a failed dataflow is
-        not in sync, even where no replica can serve that dataflow. `in_sync_where_served`
-        excuses the dataflows no replica serves: it is what `min_in_sync` counts when a
-        replica is dropped (see `check_drop_replica`)."""
-        excused = self._unservable()
-        result = []
-        for replica in self.replicas.values():
-            lag = self._lag_ms(replica) if replica.phase == "active" else None
-            result.append(
-                ReplicaHealth(
-                    replica.name,
-                    replica.epoch,
-                    replica.phase,
-                    hydrated=lag is not None,
-                    in_sync=self._in_sync(replica),
-                    in_sync_where_served=self._in_sync(replica, excused),
-                    lag_ms=lag,
-                    peeks_won=replica.peeks_won,
-                    wallclock_lag_ms=None if lag is None else self._replica_wallclock_lag_ms(replica),
-                    slow=self._slow(replica),
-                )
-            )
-        return result
-
-    def state(self) -> Literal["healthy", "degraded", "unavailable"]:
-        """`healthy` when at least `min_in_sync` replicas (and at least one) are strictly
-        in sync, which implies every dataflow serves, and no collection is stale (W
-        within `max_lag_ms` of the clock); `unavailable` when no replica is in sync and
-        no dataflow serves anywhere; `degraded` otherwise, e.g. when a dataflow failed on
-        every replica while the others serve (`unavailable_dataflows` names it)."""
-        in_sync = sum(1 for h in self.health() if h.in_sync)
-        if in_sync >= max(1, self.options.min_in_sync):
-            return "degraded" if self.stale_collections() else "healthy"
-        if in_sync:
-            return "degraded"
-        serving = any(
-            self._why_not_serving(r, key) is None
-            for key in self.names.values()
-            for r in self.replicas.values()
-        )
-        return "degraded" if serving else "unavailable"

@@ -6,8 +6,9 @@ Two kinds, in one registry per controller:
   history, frontiers and wallclock lag, hydration, health and the counters the state
   already keeps (failures, replays, resumes). The state belongs to the event loop, so
   a scrape (on the HTTP server's thread) takes its snapshot there, in one step.
-- **Observed as they happen**: peeks (outcome, winner, latency) and the replicas' steps
-  (from their status reports: each newly counted step observes its duration).
+- **Observed as they happen**: peeks (outcome, winner, latency), the replicas' steps
+  (from their status reports: each newly counted step observes its duration) and the
+  orphaned read holds storage upkeep removed.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ if TYPE_CHECKING:
 _COLLECTION = ["instance", "replica", "collection"]  # replica "" for the instance's W
 
 _FAMILIES = {
+    "tandem_append_commits": (CounterMetricFamily, "Group commits of appends (the advancer's ticks included)", []),
+    "tandem_appends_committed": (CounterMetricFamily, "Appends committed by group commits", []),
+    "tandem_append_group": (GaugeMetricFamily, "Appends in the latest group commit", []),
     "tandem_history_commands": (GaugeMetricFamily, "Commands in the instance's history", ["instance"]),
     "tandem_history_reductions": (CounterMetricFamily, "Reductions of the history", ["instance"]),
     "tandem_history_pushes": (CounterMetricFamily, "Commands pushed to the history", ["instance"]),
@@ -43,6 +47,9 @@ _FAMILIES = {
     "tandem_resumes": (CounterMetricFamily, "Incarnations that resumed their session", ["instance", "replica"]),
     "tandem_hydrated": (GaugeMetricFamily, "1 when the replica has computed the collection past its as_of", _COLLECTION),
     "tandem_hydration_seconds": (GaugeMetricFamily, "From the dataflow sent to the replica to hydrated", _COLLECTION),
+    "tandem_pending_times": (GaugeMetricFamily, "Change times the dataflow has not computed yet on the replica", _COLLECTION),
+    "tandem_pending_rows": (GaugeMetricFamily, "Input updates those pending times hold (a bound)", _COLLECTION),
+    "tandem_last_step_times": (GaugeMetricFamily, "Times the dataflow's latest step on the replica computed in one pass", _COLLECTION),
 }
 
 
@@ -64,6 +71,12 @@ class ControllerMetrics(LoopCollector):
             "Duration of a dataflow's step on a replica, from its status",
             ["instance", "replica", "dataflow"],
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
+            registry=self.registry,
+        )
+        self.orphaned_holds = Counter(
+            "tandem_orphaned_holds_removed",
+            "Read holds removed because their owner was gone (a dropped dataflow, a closed or dead controller's feed), by owner",
+            ["owner"],
             registry=self.registry,
         )
         self._steps_seen: dict[tuple[str, str, str], int] = {}
@@ -98,6 +111,10 @@ class ControllerMetrics(LoopCollector):
         def add(name: str, labels: tuple[str, ...], value: float) -> None:
             samples.append(Sample(name, labels, value))
 
+        ingest = self.controller.ingest
+        add("tandem_append_commits", (), ingest.commits)
+        add("tandem_appends_committed", (), ingest.appends)
+        add("tandem_append_group", (), ingest.last_group)
         for name, driver in sorted(self.controller.drivers.items()):
             instance = driver.instance
             history = instance.history
@@ -127,6 +144,11 @@ class ControllerMetrics(LoopCollector):
                     add("tandem_hydrated", (*labels, id), float(hydrated))
                     if id in replica.hydration_ms:
                         add("tandem_hydration_seconds", (*labels, id), replica.hydration_ms[id] / 1000)
+                    status = replica.dataflow_status.get(id)
+                    if status is not None:
+                        add("tandem_pending_times", (*labels, id), status.pending_times)
+                        add("tandem_pending_rows", (*labels, id), status.pending_rows)
+                        add("tandem_last_step_times", (*labels, id), status.last_step_times)
                     frontier = replica.frontiers.get(id)
                     if frontier is not None and not frontier.is_empty:
                         add("tandem_write_frontier_ms", (*labels, id), frontier.time)

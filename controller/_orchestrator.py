@@ -265,28 +265,45 @@ class Orchestrator:
         reason = ready.get("error") or f"its process exited ({code}) before it was ready; see {log_path}"
         raise ControllerError("UNAVAILABLE", f"replica {name} could not start: {reason}")
 
-    def stop(self, replica: ReplicaInfo) -> None:
-        """Ask a managed replica's process to shut down, if it still runs.
+    def stop(self, replica: ReplicaInfo) -> threading.Thread | None:
+        """Ask a managed replica's process to shut down, if it still runs; the thread
+        that reaps it (None when there was nothing to stop, or a stop is under way).
 
         SIGTERM goes to the Python process alone: it stops its SparkSession, and its JVM
         exits with it. (Signalling the whole group killed the JVM under a Spark that was
         still stopping.) Whatever of the group outlives `STOP_GRACE_S` is killed."""
         if not replica.managed or replica.pid in self._stopping:
-            return  # a stop under way finishes the job
+            return None  # a stop under way finishes the job
         running = self.alive(replica)  # before the pop: it reaps a dead child
         child = self._children.pop(replica.pid, None)
         if not running:
             if child is not None:
                 threading.Thread(target=child.wait, daemon=True).start()  # reap it
-            return
+            return None
         try:
             os.kill(replica.pid, signal.SIGTERM)
         except ProcessLookupError:
-            return
+            return None
         self._stopping.add(replica.pid)
 
         def reap() -> None:
             _reap_group(replica.pid, child, STOP_GRACE_S, replica.process_start)
             self._stopping.discard(replica.pid)
 
-        threading.Thread(target=reap, daemon=True).start()
+        reaper = threading.Thread(target=reap, daemon=True)
+        reaper.start()
+        return reaper
+
+    def stop_all(self) -> list[ReplicaInfo]:
+        """Stop every managed replica's process that runs (the catalog's record of each),
+        all at once, and return once they are gone; the replicas that were running. For
+        an operator's stop of the controller: a crash leaves them to reconcile."""
+        stopping = [(replica, self.stop(replica)) for replica in self.catalog.list_replicas() if replica.managed]
+        stopped = [(replica, reaper) for replica, reaper in stopping if reaper is not None]
+        for _, reaper in stopped:
+            reaper.join()
+        return [replica for replica, _ in stopped]
+
+    def running(self) -> list[ReplicaInfo]:
+        """The managed replicas whose processes run, by the catalog's record."""
+        return [replica for replica in self.catalog.list_replicas() if replica.managed and self.alive(replica)]

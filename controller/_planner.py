@@ -24,7 +24,10 @@ Rules of this module:
   without an argument, `CAST('now' AS TIMESTAMP)`, typed literals such as
   `TIMESTAMP 'now'`), the session (`current_timezone()`, `current_user()`,
   `current_database()`, `current_catalog()`, `version()`), `aes_encrypt()` with a random
-  IV, and `TABLESAMPLE`. Every refusal names the offending expression.
+  IV, and `TABLESAMPLE`. Every refusal names the offending expression. A `LIMIT` or
+  `OFFSET` without `ORDER BY` is refused too, and one in a subquery expression
+  (`dataplane._orders.unordered_limit`): which rows it keeps depends on how each
+  replica reads its files. Ties of an `ORDER BY ... LIMIT` are broken by every column.
 - Every refusal is a `ControllerError` (INVALID_ARGUMENT, or NOT_FOUND for an unknown
   table) carrying Spark's own first line where Spark found the problem, never a JVM
   stack trace.
@@ -57,9 +60,9 @@ from controller._api import ControllerError
 from replica_service._spark import SparkSettings, dataflow_session, launch_jvm, start_session
 from history import DataflowDescription
 from replica_service._arrangement import Version
-from replica_service.dataplane import DeltaPlan, NotIncremental, StorageReader, delta_plan, maintainer, spark_type
+from replica_service.dataplane import DeltaPlan, NotIncremental, StorageReader, delta_plan, maintainer, spark_type, unordered_limit
 from replica_service.dataplane._jvm import Jvm
-from replica_service.dataplane._plan import ACC_VIEW, DIFF
+from replica_service.dataplane._plan import ACC_VIEW, ACCROW, DIFF, TIME
 from storage import Storage
 from replica_service.dataplane._rows import quote
 from storage import parse_schema, schema_to_ddl
@@ -374,6 +377,9 @@ class Planner:
             execution.assertAnalyzed()
             analyzed = execution.analyzed()
             self._refuse_nondeterminism(analyzed, text)
+            unordered = unordered_limit(analyzed)
+            if unordered is not None:
+                raise ControllerError("INVALID_ARGUMENT", unordered)
             not_incremental = self._not_incremental(session, analyzed, views)
             schema = analyzed.schema()
             fields = json.loads(schema.json())["fields"]
@@ -458,8 +464,8 @@ class Planner:
                 reader.refresh(session)
             fresh = replace(desc, sink_exports=(), strategy="recompute")
             partitions = int(conf.get("spark.sql.shuffle.partitions", "200"))
-            output = maintainer(fresh, session, readers, {}, partitions).step(time)
-            rows = output.version(None)
+            output = maintainer(fresh, session, readers, {}, partitions).step([time])
+            _, rows = output.versions(None)
             output.finish()
         finally:
             for reader in readers.values():
@@ -552,8 +558,8 @@ class Planner:
 
     def _check_delta_plan(self, session: Any, plan: DeltaPlan, views: Mapping[str, str], expected: list[tuple[str, str]]) -> None:
         """Analyze every template of `plan` (and of its stages) over empty views; each
-        must give the `expected` output columns and types (plus `_diff`; a ranked
-        query's template, without)."""
+        must give the `expected` output columns and types (plus `_diff` and `_time`; a
+        ranked query's template, neither; its timed template, `_time` and `__accrow`)."""
         # First (each stage binds the same view names), and once for a stage that
         # several leaves share.
         stages = {id(leaf.stage): leaf for leaf in plan.leaves if leaf.stage is not None}
@@ -562,9 +568,9 @@ class Planner:
         catalog = session.sessionState().catalog()
         for leaf in plan.leaves:
             if leaf.stage is None:
-                ddl = f"{views[leaf.name]}, `{DIFF}` BIGINT"
+                ddl = f"{views[leaf.name]}, `{DIFF}` BIGINT, `{TIME}` BIGINT"
             else:
-                ddl = ", ".join([*(f"`{c}` {t}" for c, t in zip(leaf.columns, leaf.types)), f"`{DIFF}` BIGINT"])
+                ddl = ", ".join([*(f"`{c}` {t}" for c, t in zip(leaf.columns, leaf.types)), f"`{DIFF}` BIGINT", f"`{TIME}` BIGINT"])
             catalog.createTempView(leaf.view, self._view(leaf.view, ddl), True)
         jvm = Jvm(session)
         shape = plan.aggregate
@@ -573,17 +579,19 @@ class Planner:
         else:
             accumulators = [f"`__k{i}` {t}" for i, t in enumerate(shape.key_types)]
             accumulators += [f"`__a{i}` {c.result_type}" for i, c in enumerate(shape.calls)]
-            ddl = ", ".join([*accumulators, f"`{DIFF}` BIGINT"])
+            ddl = ", ".join([*accumulators, f"`{DIFF}` BIGINT", f"`{TIME}` BIGINT"])
             catalog.createTempView(ACC_VIEW, self._view(ACC_VIEW, ddl), True)
             for template in (plan.full, *plan.terms):
                 jvm.dataframe_jdf(template)
             outputs = [shape.post] if plan.ranked is None else []
         for template in outputs:
             produced = _columns(jvm.dataframe_jdf(template).schema())
-            assert produced == [*expected, (DIFF, "BIGINT")], f"{produced} is not {expected} + {DIFF}"
+            assert produced == [*expected, (DIFF, "BIGINT"), (TIME, "BIGINT")], f"{produced} is not {expected} + {DIFF}, {TIME}"
         if plan.ranked is not None:
             produced = _columns(jvm.dataframe_jdf(plan.ranked).schema())
             assert produced == expected, f"{produced} is not {expected}"
+            produced = [name for name, _ in _columns(jvm.dataframe_jdf(plan.ranked_timed).schema())]
+            assert produced == [*(name for name, _ in expected), TIME, ACCROW], f"{produced} is not {expected} + {TIME}, {ACCROW}"
 
     # --- Determinism ---------------------------------------------------------------------
 

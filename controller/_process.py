@@ -13,9 +13,11 @@ Rules:
   directory (whatever Spark leaves in the working directory stays there) and its log in
   `<data-dir>/<log_name>`. It is ready once it prints "tandem controller (epoch N)
   listening on ADDRESS"; `address` and `epoch` are read from that line.
-- Managed replicas run in sessions of their own and outlive their controller (that is
-  what lets a restarted controller reconcile with them). So stopping a controller never
-  ends its replicas: `kill_replicas` does, from the pids the catalog records.
+- Managed replicas run in sessions of their own and outlive their controller's crash
+  (that is what lets a restarted controller reconcile with them): `kill` leaves them,
+  and `kill_replicas` ends them, from the pids the catalog records. `stop` (SIGTERM,
+  the operator's stop) ends them with the controller, unless it was started with
+  `--keep-replicas`.
 - Importing this module loads the client side only; the catalog (SQLAlchemy) is loaded
   by `kill_replicas` when it runs.
 """
@@ -44,7 +46,7 @@ T = TypeVar("T")
 # The directory holding our packages, first on the child's path, so the controller
 # runs the same code as its caller (an uninstalled checkout included).
 _ROOT = Path(__file__).resolve().parent.parent
-_READY = re.compile(r"tandem controller \(epoch (\d+)\) listening on (\S+?)(?:; status page on http://(\S+)/, metrics on .*)?$")
+_READY = re.compile(r"tandem controller \(epoch (\d+)\) listening on ([^;\s]+)(?:; status page on http://(\S+)/, metrics on [^;\s]+)?(?:; log in .*)?$")
 
 READY_TIMEOUT_S = 180.0  # a cold planner JVM on a loaded 2-core machine
 STOP_TIMEOUT_S = 30.0
@@ -128,16 +130,22 @@ class ControllerProcess:
         self.process.wait()
         self.process.stdout.close()
 
-    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
-        """SIGTERM, then SIGKILL if it has not exited within `timeout` seconds; its
-        replicas live on."""
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> str:
+        """SIGTERM, then SIGKILL if it has not exited within `timeout` seconds; what it
+        printed on its way out (a line per replica it stopped, or left running with
+        `--keep-replicas`)."""
         if self.process.poll() is None:
             self.process.terminate()
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
                 pass
+        if self.process.poll() is None:
+            self.kill()  # it printed nothing more we could wait for
+            return ""
+        said = self.process.stdout.read().decode(errors="replace")
         self.kill()
+        return said
 
 
 def kill_replicas(data_dir: Path | str, catalog_url: str | None = None) -> list[int]:

@@ -68,8 +68,9 @@ def counted_bytes(lines: Iterable[str], total: int | None, what: str) -> Iterato
 
 
 @contextmanager
-def spinner(text: str) -> Iterator[None]:
-    """A spinner saying `text` while the block runs."""
+def spinner(text: str) -> Iterator[Callable[[str], None]]:
+    """A spinner saying `text` while the block runs; the block is given a function that
+    changes what it says."""
     with _progress() as progress:
-        progress.add_task(text, total=None)
-        yield
+        task = progress.add_task(text, total=None)
+        yield lambda said: progress.update(task, description=said)

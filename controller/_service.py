@@ -22,6 +22,7 @@ from importlib import metadata
 from typing import Any, get_args
 
 import grpc
+import pyarrow as pa
 from google.protobuf.message import Message
 
 from controller._api import (
@@ -35,10 +36,13 @@ from controller._api import (
     SourceView,
     StatusCode,
 )
-from protocol import ProtocolError, table_to_ipc
+from protocol import ProtocolError, schema_to_ipc, table_to_ipc
+from protocol.arrow import SPARK_TYPE
 from protocol import controller_codec as codec
 from protocol import controller_pb2 as pb
 from protocol.security import ServerSecurity
+from storage import parse_schema
+from storage._schema import type_ddl
 from protocol import controller_pb2_grpc as pb_grpc
 
 _log = logging.getLogger(__name__)
@@ -130,7 +134,14 @@ def _instance_to_proto(view: InstanceView) -> pb.InstanceView:
 
 
 def _source_to_proto(view: SourceView) -> pb.SourceView:
-    return pb.SourceView(**_fields(view))
+    return pb.SourceView(**_fields(view), arrow_schema=schema_to_ipc(_columns(view.schema)))
+
+
+def _columns(ddl: str) -> pa.Schema:
+    """A source's columns as Arrow, each field's Spark type in its metadata, so that a
+    client converts values and names types without parsing DDL (and without loading
+    storage, which brings the catalog's SQLAlchemy)."""
+    return pa.schema(f.with_metadata({SPARK_TYPE: type_ddl(f).encode()}) for f in parse_schema(ddl))
 
 
 def _dataflow_to_proto(view: DataflowView) -> pb.DataflowView:
@@ -194,7 +205,7 @@ class ControllerServicer(pb_grpc.ControllerServicer):
     @_rpc
     async def Resize(self, request: pb.ResizeRequest) -> pb.ResizeResponse:
         views = await self._api.resize(
-            request.instance, request.size, **codec.present_fields(request, "timeout_ms")
+            request.instance, request.size, **codec.present_fields(request, "timeout_ms", "on_timeout")
         )
         return pb.ResizeResponse(replicas=[_replica_to_proto(v) for v in views])
 
@@ -298,6 +309,14 @@ class ControllerServicer(pb_grpc.ControllerServicer):
         return pb.ListEventsResponse(events=[pb.EventView(**_fields(v)) for v in views])
 
 
+    @_rpc
+    async def ListStorage(self, request: pb.ListStorageRequest) -> pb.ListStorageResponse:
+        views = await self._api.storage_holds()
+        return pb.ListStorageResponse(
+            collections=[pb.StorageView(**_fields(v, "holds"), holds=[pb.HoldView(**_fields(h)) for h in v.holds]) for v in views]
+        )
+
+
 # --- Server ----------------------------------------------------------------------------
 
 
@@ -313,7 +332,10 @@ class ControllerServer:
         host = host or "127.0.0.1"
         if not port.isdigit() or int(port) > 65535:  # grpc would bind some other port
             raise OSError(f"cannot listen on {listen!r}: expected host:port")
-        self._server = grpc.aio.server(options=codec.CHANNEL_OPTIONS, interceptors=security.interceptors())
+        # Not gRPC's default SO_REUSEPORT: a second controller on a taken port would
+        # share it, each taking some of the connections.
+        options = (*codec.CHANNEL_OPTIONS, ("grpc.so_reuseport", 0))
+        self._server = grpc.aio.server(options=options, interceptors=security.interceptors())
         pb_grpc.add_ControllerServicer_to_server(ControllerServicer(api), self._server)
         try:
             bound = security.add_port(self._server, f"{host}:{port}")

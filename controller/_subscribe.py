@@ -8,7 +8,11 @@ stream resumes with `as_of=P, snapshot=False` to get exactly the changes after i
 
 Storage collections (sources and materialized views) are read from their batches, which
 are durable: the feed is exactly once by construction, whatever replicas do. While the
-feed is open it holds the collection's `since` where it has to read next.
+feed is open it holds the collection's `since` where it has to read next. The hold is
+owned by the feed of this controller's epoch (`HoldOwner.feed`), and the feed is among
+`OpenFeeds` from before it takes the hold until it is done with it: a hold a crashed or
+fenced controller left, or one whose release failed, is removed by storage upkeep
+(`Catalog.remove_orphaned_holds`).
 
 A dataflow's index is followed through its replicas: the instance subscribes every
 replica to it and forwards each time's changes once, from whichever replica reports
@@ -22,6 +26,8 @@ RESOURCE_EXHAUSTED, saying where to resume.
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -30,13 +36,37 @@ import pyarrow as pa
 
 from controller._api import ControllerError, SubscribeBatch
 from history import Frontier, SubscribeChanges
-from catalog import FailedPrecondition, InvalidArgument
+from catalog import FailedPrecondition, HoldOwner, InvalidArgument, NotFound
 from protocol import ipc_to_table
 from storage import DIFF, TIME, Storage
 
 POLL_S = 0.05  # how often an open feed looks for a new upper
 CLOSED_THROUGH = 2**62  # "every time" for the last read of a closed collection
 QUEUE_BATCHES = 256  # batches produced and not yet taken by the client, at most
+
+log = logging.getLogger(__name__)
+
+
+class OpenFeeds:
+    """The holders of this controller's open storage feeds. Thread-safe: feeds add and
+    discard themselves on worker threads, storage upkeep reads it on its own; calling
+    it gives a copy."""
+
+    def __init__(self) -> None:
+        self._holders: set[str] = set()
+        self._lock = threading.Lock()
+
+    def add(self, holder: str) -> None:
+        with self._lock:
+            self._holders.add(holder)
+
+    def discard(self, holder: str) -> None:
+        with self._lock:
+            self._holders.discard(holder)
+
+    def __call__(self) -> frozenset[str]:
+        with self._lock:
+            return frozenset(self._holders)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,20 +128,28 @@ class StorageFeed(_Feed):
     """The feed of one storage collection. Take its hold with `hold` (or it refuses and
     holds nothing), `start` it, iterate it; `close` it (it always releases the hold)."""
 
-    def __init__(self, storage: Storage, request: FeedRequest) -> None:
+    def __init__(self, storage: Storage, request: FeedRequest, open_feeds: OpenFeeds) -> None:
         super().__init__(request)
         self.storage = storage
         self.holder = f"subscribe:{uuid.uuid4().hex}"
+        self._open_feeds = open_feeds
         self._producer: asyncio.Task | None = None
 
     def hold(self) -> None:
-        """Take the feed's hold at `as_of` (blocking): `FailedPrecondition` when the
-        since moved past it after it was checked. Then `start` it."""
+        """Take the feed's hold at `as_of` (blocking), owned by the feed of the storage
+        catalog's controller epoch: `FailedPrecondition` when the since moved past it
+        after it was checked. Then `start` it."""
         request = self.request
+        self._open_feeds.add(self.holder)  # before the hold exists: upkeep must see it open
         try:
-            self.storage.acquire_read_hold(request.collection_id, self.holder, Frontier(request.as_of))
+            owner = HoldOwner.feed(self.storage.catalog.epoch or 0)
+            self.storage.acquire_read_hold(request.collection_id, self.holder, Frontier(request.as_of), owner)
         except InvalidArgument as error:
+            self._open_feeds.discard(self.holder)
             raise FailedPrecondition(f"cannot subscribe to {request.name} as of {request.as_of}: {error}") from None
+        except BaseException:
+            self._open_feeds.discard(self.holder)
+            raise
 
     def start(self) -> StorageFeed:
         self._producer = asyncio.get_running_loop().create_task(self._produce())
@@ -129,8 +167,12 @@ class StorageFeed(_Feed):
     def _release(self) -> None:
         try:
             self.storage.release_read_hold(self.request.collection_id, self.holder)
-        except Exception:
-            pass  # dropped with its collection, or released already
+        except NotFound:
+            pass  # dropped with its collection, or removed by upkeep already
+        except Exception as error:  # the catalog away, fenced: upkeep removes it, as the feed is closed
+            log.warning("the feed of %s could not release its hold %s: %s; storage upkeep removes it", self.request.name, self.holder, error)
+        finally:
+            self._open_feeds.discard(self.holder)
 
     # --- Producing ------------------------------------------------------------------------
 

@@ -16,6 +16,10 @@ Rules of this module:
   holding a plan must be done with it within the grace (see `storage._storage`).
 - A pass blocks (catalog and files): the controller runs it on a worker thread. It moves
   no upper, so appends never wait for it, nor it for them.
+- Every pass first removes the read holds whose owner is gone (`remove_orphans`: a
+  dropped dataflow's, a feed of an older controller or one this controller closed),
+  which would otherwise hold a since back for good; the controller does it at start
+  too, and makes each removal an event and a count.
 - `Fenced` propagates: a fenced controller must stop. Any other failure with one
   collection is logged and the pass goes on with the others; the next pass retries it.
 """
@@ -24,10 +28,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
-from catalog import CollectionInfo, Fenced, InvalidArgument, ManifestState, NotFound
+from catalog import CollectionInfo, Fenced, HoldInfo, HoldOwner, InvalidArgument, ManifestState, NotFound
 from history import Frontier
 from storage import DEFAULT_GRACE_MS, GarbageReport, Storage
 
@@ -57,33 +61,42 @@ class UpkeepOptions:
 
 @dataclass(slots=True)
 class UpkeepPass:
-    """What one pass did: batches replaced per compacted collection, and the garbage
-    report if it collected garbage."""
+    """What one pass did: the orphaned holds it removed, batches replaced per compacted
+    collection, and the garbage report if it collected garbage."""
 
+    orphans: tuple[HoldInfo, ...] = ()
     compacted: dict[str, int] = field(default_factory=dict)
     garbage: GarbageReport | None = None
 
 
 class StorageUpkeep:
     """Retention holds, compaction and garbage collection over one `Storage`, whose
-    catalog must be the controller's (its writes are fenced). `clock` (seconds,
-    monotonic) paces garbage collection."""
+    catalog must be the controller's (its writes are fenced). `open_feeds` names the
+    holders of the controller's open storage feeds (`_subscribe.OpenFeeds`). `clock`
+    (seconds, monotonic) paces garbage collection."""
 
     def __init__(
         self,
         storage: Storage,
         options: UpkeepOptions = UpkeepOptions(),
         *,
+        open_feeds: Callable[[], Collection[str]] = frozenset,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.storage = storage
         self.options = options
+        self._open_feeds = open_feeds
         self._clock = clock
         self._last_gc: float | None = None  # when this object last collected garbage
 
+    def remove_orphans(self) -> list[HoldInfo]:
+        """Remove the holds whose owner is gone; returns them."""
+        return self.storage.catalog.remove_orphaned_holds(self._open_feeds)
+
     def run_once(self) -> UpkeepPass:
-        """One pass over every live storage collection, then garbage if it is due."""
-        result = UpkeepPass()
+        """Orphaned holds, then one pass over every live storage collection, then
+        garbage if it is due."""
+        result = UpkeepPass(orphans=tuple(self.remove_orphans()))
         for info in self.storage.catalog.list_collections():
             if info.namespace != "storage":
                 continue
@@ -122,7 +135,7 @@ class StorageUpkeep:
         target = info.upper.step_back(1 + self.options.retention_ms).join(info.since)
         held = dict(state.holds).get(RETENTION_HOLDER)
         if held is None:
-            return self.storage.acquire_read_hold(info.id, RETENTION_HOLDER, target)
+            return self.storage.acquire_read_hold(info.id, RETENTION_HOLDER, target, HoldOwner.retention())
         if target > held:
             return self.storage.downgrade_read_hold(info.id, RETENTION_HOLDER, target)
         return info.since

@@ -36,13 +36,15 @@ from controller._api import (
     DataflowStatusView,
     DataflowView,
     EventView,
+    HoldView,
     InstanceView,
     ReplicaView,
     SourceView,
+    StorageView,
     SubscribeBatch,
 )
 from history import OrderBy, Predicate, Scalar
-from protocol import ProtocolError, ipc_to_table
+from protocol import ProtocolError, ipc_to_schema, ipc_to_table
 from protocol import controller_codec as codec
 from protocol import controller_pb2 as pb
 from protocol import controller_pb2_grpc as pb_grpc
@@ -51,6 +53,9 @@ from protocol.security import Tls, token_metadata
 DEFAULT_ADDRESS = "127.0.0.1:6875"
 DEFAULT_SIZE = "xsmall"
 _MARGIN_S = 10.0  # beyond a call's own timeout_ms, for the controller to answer that it fired
+# A resize starts its new replicas' processes before its deadline can fire (a cold JVM
+# on a loaded machine: up to the orchestrator's ready timeout), then stops them again.
+_REPLICA_START_MS = 180_000
 
 # The forms `peek` accepts (see its docstring).
 Key = Scalar | dt.date | Sequence[Scalar | dt.date]
@@ -239,17 +244,15 @@ class Client:
         """`force` drops it even below the instance's `min_in_sync`."""
         self._call("DropReplica", pb.DropReplicaRequest, instance=instance, name=name, force=force)
 
-    def resize(self, instance: str, size: str, *, timeout_ms: int = 600_000) -> list[ReplicaView]:
+    def resize(self, instance: str, size: str, *, timeout_ms: int = 600_000, on_timeout: str = "rollback") -> list[ReplicaView]:
         """Replace the instance's replicas by ones of `size` without downtime: the new
-        ones must get in sync within `timeout_ms`. Returns the replicas after."""
-        response = self._call(
-            "Resize",
-            pb.ResizeRequest,
-            wait_ms=timeout_ms,
-            instance=instance,
-            size=size,
-            timeout_ms=timeout_ms,
-        )
+        ones must get in sync within `timeout_ms`, or else they are dropped
+        (`on_timeout="rollback"`, DEADLINE_EXCEEDED) or replace the old ones all the
+        same (`"commit"`). Returns the replicas after."""
+        with _arguments():
+            request = pb.ResizeRequest(instance=instance, size=size, timeout_ms=timeout_ms, on_timeout=on_timeout)
+        # The new replicas' processes start before the timeout for getting in sync begins.
+        response = self._send("Resize", request, wait_ms=request.timeout_ms + _REPLICA_START_MS)
         return [_replica(m) for m in response.replicas]
 
     # --- Sources -----------------------------------------------------------------------
@@ -272,6 +275,18 @@ class Client:
 
     def list_sources(self) -> list[SourceView]:
         return [_source(m) for m in self._call("ListSources", pb.ListSourcesRequest).sources]
+
+    def source_schema(self, name: str) -> pa.Schema:
+        """The columns of source `name` as an Arrow schema: names, types, nullability,
+        and each field's Spark type in its metadata (`protocol.arrow.SPARK_TYPE`).
+        NOT_FOUND if there is no such source."""
+        for message in self._call("ListSources", pb.ListSourcesRequest).sources:
+            if message.name == name:
+                try:
+                    return ipc_to_schema(message.arrow_schema)
+                except ProtocolError as error:  # a broken controller
+                    raise TandemError(grpc.StatusCode.INTERNAL, f"unreadable schema of {name!r}: {error}") from None
+        raise TandemError(grpc.StatusCode.NOT_FOUND, f"no source named {name!r}")
 
     # --- Dataflows ---------------------------------------------------------------------
 
@@ -428,6 +443,14 @@ class Client:
         response = self._call("ListEvents", pb.ListEventsRequest, instance=instance, after=after, limit=limit)
         return [EventView(**codec.plain_fields(m)) for m in response.events]
 
+    def storage_holds(self) -> list[StorageView]:
+        """Every live storage collection with the read holds that pin its since."""
+        response = self._call("ListStorage", pb.ListStorageRequest)
+        return [
+            StorageView(**codec.plain_fields(m), holds=tuple(HoldView(**codec.plain_fields(h)) for h in m.holds))
+            for m in response.collections
+        ]
+
     # --- Calls -------------------------------------------------------------------------
 
     def _call(
@@ -580,7 +603,9 @@ def _instance(message: pb.InstanceView) -> InstanceView:
 
 
 def _source(message: pb.SourceView) -> SourceView:
-    return SourceView(**codec.plain_fields(message))
+    fields = codec.plain_fields(message)
+    del fields["arrow_schema"]  # the columns as Arrow: `Client.source_schema`
+    return SourceView(**fields)
 
 
 def _dataflow(message: pb.DataflowView) -> DataflowView:

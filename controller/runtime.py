@@ -23,23 +23,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
-import sys
 import time
 import uuid
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
+from typing import Awaitable, Callable, Mapping, Sequence, TypeVar
 
 import pyarrow as pa
 
 from catalog import (
-    AlreadyExists,
     Catalog,
-    CatalogError,
     DataflowInfo,
-    FailedPrecondition,
     Fenced,
+    HoldInfo,
     InvalidArgument,
     NewEvent,
     NotFound,
@@ -57,18 +53,24 @@ from controller._api import (
     ReadResult,
     ReplicaView,
     SourceView,
+    StorageView,
 )
+from controller._blocking import blocking as _blocking
+from controller._blocking import refused as _refused
 from controller._driver import InstanceDriver
+from controller import _reconfigure
 from controller._http import HttpListener
+from controller._ingest import GroupCommit
 from controller._metrics import ControllerMetrics
 from controller._instance import ComputeInstance, InstanceError, InstanceOptions, SinceAdvanced, StorageHold
 from controller._orchestrator import Orchestrator, size_of
 from controller._planner import Planner
-from controller._subscribe import FeedRequest, IndexFeed, StorageFeed
+from controller._storage_view import orphan_events, storage_views
+from controller._subscribe import FeedRequest, IndexFeed, OpenFeeds, StorageFeed
 from controller._upkeep import RETENTION_HOLDER, StorageUpkeep, UpkeepOptions
 from history import DataflowDescription, DataflowStatus, Frontier, Import, IndexTarget, Peek, PeekCanceled, PeekRows, RowSetFinishing, SqlTarget, Subscribe
 from protocol.security import ServerSecurity
-from replica_service._spark import make_class_archive, standalone_masters
+from replica_service._spark import class_archive, make_class_archive, standalone_masters
 from storage import DIFF, TIME, Storage, parse_schema
 
 log = logging.getLogger(__name__)
@@ -78,27 +80,6 @@ T = TypeVar("T")
 ADVANCE_INTERVAL_S = 1.0
 IN_SYNC_POLL_S = 0.5
 RESPAWN_AFTER = 3  # failed attempts in a row before a live managed process is replaced
-
-_CATALOG_CODES: Mapping[type, str] = {
-    NotFound: "NOT_FOUND",
-    AlreadyExists: "ALREADY_EXISTS",
-    InvalidArgument: "INVALID_ARGUMENT",
-    FailedPrecondition: "FAILED_PRECONDITION",
-}
-
-
-async def _blocking(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run a blocking catalog or storage call on a worker thread; catalog refusals become
-    `ControllerError`s with the status that fits (a fenced controller is UNAVAILABLE:
-    the client should go to the newer one)."""
-    try:
-        return await asyncio.to_thread(function, *args, **kwargs)
-    except Fenced as e:
-        raise ControllerError("UNAVAILABLE", str(e)) from None
-    except CatalogError as e:
-        code = next((c for kind, c in _CATALOG_CODES.items() if isinstance(e, kind)), "INTERNAL")
-        raise ControllerError(code, str(e)) from None
-
 
 async def _every(interval_s: float, tick: Callable[[], Awaitable[None]], what: str, on_fenced: Callable[[Fenced], None]) -> None:
     """Run `tick` every `interval_s` seconds until cancelled. `Fenced` ends the loop and
@@ -134,11 +115,12 @@ class Controller:
         self.storage = storage
         self._planner = planner  # still starting while recovery runs and peeks are served
         self.orchestrator = orchestrator
-        self.upkeep = StorageUpkeep(storage, upkeep)
+        self.open_feeds = OpenFeeds()  # holders of the storage feeds this controller has open
+        self.upkeep = StorageUpkeep(storage, upkeep, open_feeds=self.open_feeds)
         self.drivers: dict[str, InstanceDriver] = {}
         self.security = security  # how replicas are reached (and managed ones secured)
         self._epoch = 0
-        self._source_writes = asyncio.Lock()  # appends and the advancer move uppers in turn
+        self.ingest = GroupCommit(lambda appends: self.storage.append_group(appends))  # appends, and the advancer's ticks
         self._tasks: list[asyncio.Task] = []  # the background tasks, cancelled by stop()
         self.metrics = ControllerMetrics(self)
         self.http = HttpListener(self)
@@ -157,12 +139,14 @@ class Controller:
         blob_uri: str | None = None,
         upkeep: UpkeepOptions = UpkeepOptions(),
         security: ServerSecurity = ServerSecurity(),
+        on_making_class_archive: Callable[[], None] = lambda: None,
     ) -> Controller:
         """Start a controller on `data_dir`: the catalog at `catalog_url` (default: SQLite
         in `data_dir`), batch files at `blob_uri` (default: `data_dir/blobs`). An
         unusable blob location is INVALID_ARGUMENT, naming it, before anything runs.
         `security` is the controller's own (TLS, token): it reaches replicas with it, and
-        the replicas it spawns serve with it."""
+        the replicas it spawns serve with it. `on_making_class_archive` is called
+        before the class archive is made, when this start must make it."""
         data_dir = Path(data_dir).resolve()
         data_dir.mkdir(parents=True, exist_ok=True)
         url = catalog_url or default_url(data_dir)
@@ -174,6 +158,8 @@ class Controller:
             raise
         # Once per machine (about 40 s): the JVMs launched from now on, the planner's and
         # the local replicas', start in about half the time.
+        if class_archive() is None:
+            on_making_class_archive()
         await asyncio.to_thread(make_class_archive)
         planner = await asyncio.to_thread(Planner.launch, data_dir / "planner")  # before any gRPC thread
         orchestrator = Orchestrator(catalog, url, storage.blob_uri, data_dir, security.argv())
@@ -181,7 +167,12 @@ class Controller:
         controller._epoch = await _blocking(catalog.become_controller)
         log.info("controller epoch %d on %s; batch files at %s", controller._epoch, url, storage.blob_uri)
         await controller._recover()
+        # What a dropped instance or a dead controller left holds its collections back
+        # until removed: compaction resumes from this controller's first pass.
+        await controller._note_orphans(await _blocking(controller.upkeep.remove_orphans))
         controller._start_tasks()
+        # A resize a dead predecessor left halfway is finished or rolled back now.
+        controller._tasks.extend(await _reconfigure.resume(controller))
         return controller
 
     def _start_tasks(self) -> None:
@@ -195,13 +186,26 @@ class Controller:
             self.fenced = error
             self.fenced_event.set()
 
-    async def stop(self) -> None:
-        """Stop driving; replica processes keep running (a restart reconciles with them)."""
+    async def stop(self, *, stop_replicas: bool = False) -> list[ReplicaInfo]:
+        """Stop driving. The managed replicas' processes keep running (a restart
+        reconciles with them) unless `stop_replicas` (an operator's stop of `tandem
+        serve`), when they are stopped too, and gone when this returns. Either way,
+        the managed replicas that were running."""
         for task in self._tasks:
             task.cancel()
+        self.ingest.stop()
         await asyncio.to_thread(self.http.close)  # a request in flight may need this loop
         for driver in self.drivers.values():
             await driver.stop()
+        try:
+            replicas = await asyncio.to_thread(self.orchestrator.stop_all if stop_replicas else self.orchestrator.running)
+        except Exception as error:  # the catalog is gone: nothing says which processes are ours
+            log.warning("could not tell which replica processes run: %s", error)
+            replicas = []
+        await self._stop_planner()
+        return replicas
+
+    async def _stop_planner(self) -> None:
         try:
             planner = await asyncio.wrap_future(self._planner)
         except Exception:
@@ -231,7 +235,7 @@ class Controller:
                     )
             replicas = await _blocking(self.catalog.list_replicas, info.name)
             for replica in replicas:
-                await driver.call(lambda instance, name=replica.name: instance.add_replica(name))
+                await driver.call(lambda instance, name=replica.name, n=max(1, replica.incarnation): instance.add_replica(name, n))
             took_over = f"controller epoch {self._epoch} recovered the instance: {len(commands)} commands, {len(replicas)} replicas"
             await driver.call(lambda instance: instance.note("took_over", took_over))
             log.info("recovered instance %s: %d commands", info.name, len(commands))
@@ -415,22 +419,9 @@ class Controller:
             await driver.call(lambda inst: inst.drop_replica(name, force=True) + inst.note("replica_dropped", dropped, name))
         self.orchestrator.stop(info)
 
-    async def resize(self, instance: str, size: str, *, timeout_ms: int = 600_000) -> list[ReplicaView]:
-        size_of(size)
-        driver = self._driver(instance)
-        old = [r.name for r in await _blocking(self.catalog.list_replicas, instance)]
-        added = []
-        for number in range(max(len(old), 1)):
-            name = _fresh_name(f"{size}_{number + 1}", old + added)
-            await self.add_replica(instance, name, size=size)
-            added.append(name)
-        # In sync where any replica serves, as drop_replica counts: a dataflow that failed
-        # on every replica must not hold the resize up (a larger size may be its cure).
-        if not await self._await_in_sync(driver, added, time.monotonic() + timeout_ms / 1000, where_served=True):
-            raise ControllerError("DEADLINE_EXCEEDED", f"the new {size} replicas {added} did not get in sync within {timeout_ms} ms; the old replicas are kept")
-        for name in old:
-            await self.drop_replica(instance, name)
-        return list((await self.status(instance))[0].replicas)
+    async def resize(self, instance: str, size: str, *, timeout_ms: int = 600_000, on_timeout: str = "rollback") -> list[ReplicaView]:
+        """A durable reconfiguration: see `_reconfigure`."""
+        return await _reconfigure.resize(self, instance, size, timeout_ms=timeout_ms, on_timeout=on_timeout)
 
     @staticmethod
     async def _await_in_sync(driver: InstanceDriver, names: Sequence[str], deadline: float, *, where_served: bool = False) -> bool:
@@ -454,20 +445,12 @@ class Controller:
         info = await _blocking(self.catalog.collection_by_name, source)
         if info.kind != "source":
             raise ControllerError("INVALID_ARGUMENT", f"{source} is a materialized view; only sources take appends")
-        async with self._source_writes:
-            ts = await _blocking(self.storage.append, info.id, rows)
-            # No write can take a time at or before `ts` any more (appends take new write
-            # timestamps, in turn), so every other source is complete through it too:
-            # said now, a dataflow joining this source with idle ones computes `ts` at
-            # once instead of at the advancer's next tick, up to a second later. The
-            # append is committed whatever happens here: a failure (the catalog away,
-            # fenced) only leaves the other sources to that tick, and must not make a
-            # client append twice.
-            try:
-                await asyncio.to_thread(self.catalog.advance_sources, Frontier(ts + 1))
-            except Exception as e:
-                log.warning("append to %s at %d: the other sources stay for the advancer: %s", source, ts, e)
-            return ts
+        batch = await _blocking(self.storage.append_batch_of, info.id, rows)  # refused whole, nothing written
+        # Committed with the appends that arrive meanwhile, at one timestamp, which moves
+        # every other source's upper past it in the same transaction: no write can take
+        # a time at or before it any more, so a dataflow joining this source with idle
+        # ones computes it at once instead of at the advancer's next tick.
+        return await _refused(self.ingest.append(info.id, batch))
 
     async def drop_source(self, name: str) -> None:
         info = await _blocking(self.catalog.collection_by_name, name)
@@ -519,7 +502,7 @@ class Controller:
             )
         if up_to is not None and up_to <= as_of:
             raise ControllerError("INVALID_ARGUMENT", f"up_to ({up_to}) must be after as_of ({as_of})")
-        feed = StorageFeed(self.storage, FeedRequest(collection.id, name, as_of, up_to, snapshot, progress))
+        feed = StorageFeed(self.storage, FeedRequest(collection.id, name, as_of, up_to, snapshot, progress), self.open_feeds)
         await _blocking(feed.hold)
         return feed.start()
 
@@ -545,21 +528,28 @@ class Controller:
 
     async def _advance_sources(self) -> None:
         """One tick of the advancer: move every idle source's upper to now, so dataflows
-        over idle inputs keep making progress."""
-        async with self._source_writes:
-            await asyncio.to_thread(self._advance_once)
-
-    def _advance_once(self) -> None:
-        # Also how an idle controller learns, within a tick, that it was fenced.
-        self.catalog.check_epoch()
-        self.catalog.advance_sources(Frontier(self.catalog.write_ts() + 1))
+        over idle inputs keep making progress (an empty append of the group commit,
+        fenced: also how an idle controller learns, within a tick, that it was)."""
+        await self.ingest.advance()
 
     async def _upkeep_storage(self) -> None:
         """One tick of storage upkeep, on a worker thread. It moves no upper, so it takes
-        no `_source_writes`: appends never wait behind a compaction."""
+        no part in the group commit: appends never wait behind a compaction."""
         done = await asyncio.to_thread(self.upkeep.run_once)
+        await self._note_orphans(done.orphans)
         if done.compacted or (done.garbage and (done.garbage.retired or done.garbage.orphans)):
             log.debug("storage upkeep: compacted %s, garbage %s", done.compacted, done.garbage)
+
+    async def _note_orphans(self, orphans: Sequence[HoldInfo]) -> None:
+        """Each removed orphaned hold: a warning, an event (of no instance) and a count."""
+        for hold in orphans:
+            log.warning("removed the hold %s on %s at %s: its owner (%s) is gone", hold.holder, hold.collection_id, hold.frontier.time, hold.owner)
+            self.metrics.orphaned_holds.labels(hold.owner.kind).inc()
+        if orphans:
+            await asyncio.to_thread(self.catalog.record_events, orphan_events(orphans, self.catalog.now_ms()))
+
+    async def storage_holds(self) -> list[StorageView]:
+        return await _blocking(storage_views, self.catalog)
 
     # --- Dataflows ------------------------------------------------------------------------
 
@@ -803,14 +793,6 @@ def _why_not_in_sync(driver: InstanceDriver, name: str) -> str:
     return f"it lags {health.lag_ms} ms behind, more than the instance's max lag of {driver.instance.options.max_lag_ms} ms"
 
 
-def _fresh_name(name: str, taken: Sequence[str]) -> str:
-    candidate, number = name, 1
-    while candidate in taken:
-        number += 1
-        candidate = f"{name}_{number}"
-    return candidate
-
-
 def _time(frontier: Frontier) -> int | None:
     return frontier.time
 
@@ -829,6 +811,9 @@ def _status_view(status: DataflowStatus) -> DataflowStatusView:
         status.steps,
         status.hydration_tasks_done,
         status.hydration_tasks_total,
+        status.pending_times,
+        status.pending_rows,
+        status.last_step_times,
     )
 
 
@@ -909,55 +894,3 @@ def _instance_view(driver: InstanceDriver, replicas: Mapping[str, ReplicaInfo], 
         divergences=instance.divergences,
         events=tuple(f"{e.at_ms} {e.kind}: {e.message}" for e in instance.events),
     )
-
-
-async def serve(
-    *,
-    data_dir: Path,
-    catalog_url: str | None = None,
-    listen: str = "127.0.0.1:6875",
-    blob_uri: str | None = None,
-    retention_ms: int | None = None,
-    gc_grace_ms: int | None = None,
-    upkeep_interval_ms: int | None = None,
-    security: ServerSecurity = ServerSecurity(),
-    http_listen: str | None = "127.0.0.1:6876",
-) -> None:
-    """Run a controller until SIGTERM or SIGINT (`tandem serve`); logs go to stderr. An
-    option left None keeps its default (`Controller.start`, `UpkeepOptions`). A bad
-    option or blob location raises `ControllerError` before anything runs.
-    `http_listen` serves the status page, `/api/status` and `/metrics` (None: none)."""
-    from controller._service import ControllerServer
-
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s controller %(levelname)s %(name)s: %(message)s")
-
-    given = {"retention_ms": retention_ms, "gc_grace_ms": gc_grace_ms, "interval_ms": upkeep_interval_ms}
-    try:
-        upkeep = UpkeepOptions(**{name: value for name, value in given.items() if value is not None})
-    except InvalidArgument as error:
-        raise ControllerError("INVALID_ARGUMENT", str(error)) from None
-    controller = await Controller.start(data_dir, catalog_url, blob_uri=blob_uri, upkeep=upkeep, security=security)
-    server = ControllerServer(controller, listen, security)
-    await server.start()
-    http = ""
-    if http_listen is not None:
-        try:
-            address = controller.http.start(http_listen)
-            http = f"; status page on http://{address}/, metrics on http://{address}/metrics"
-        except (OSError, ValueError) as error:
-            await server.stop(0)
-            await controller.stop()
-            raise ControllerError("INVALID_ARGUMENT", f"cannot serve HTTP on {http_listen}: {error}") from None
-    print(f"tandem controller (epoch {controller.epoch}) listening on {server.address}{http}", flush=True)
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stopping.set)
-    fenced = asyncio.ensure_future(controller.fenced_event.wait())
-    fenced.add_done_callback(lambda _: stopping.set())
-    await stopping.wait()
-    fenced.cancel()
-    await server.stop(2)
-    await controller.stop()
-    if controller.fenced is not None:  # its replicas and catalog belong to the newer controller now
-        raise ControllerError("UNAVAILABLE", str(controller.fenced))

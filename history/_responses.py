@@ -70,6 +70,11 @@ class DataflowStatus:
     While it hydrates, `hydration_tasks_done` of `hydration_tasks_total` are the Spark
     tasks of its first step's jobs so far (the total grows as the step starts more
     jobs); both 0 when not known or once hydrated.
+
+    Its backlog: `pending_times` change times its inputs reached that it has not
+    computed yet (those a step is computing included), holding `pending_rows` updates
+    of its inputs (a bound: every update of the storage batches that hold them);
+    `last_step_times` the times its latest step computed in one pass.
     """
 
     id: str
@@ -82,6 +87,9 @@ class DataflowStatus:
     digest_time: int | None = None
     hydration_tasks_done: int = 0
     hydration_tasks_total: int = 0
+    pending_times: int = 0
+    pending_rows: int = 0
+    last_step_times: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ Import them directly: `from protocol import compute_pb2, compute_pb2_grpc`.
 """
 
 from protocol._errors import ProtocolError
-from protocol.arrow import ipc_to_table, table_to_ipc
+from protocol.arrow import ipc_to_schema, ipc_to_table, schema_to_ipc, table_to_ipc
 from protocol.codec import (
     HelloAck,
     Refusal,
@@ -33,8 +33,10 @@ __all__ = [
     "WireResponse",
     "command_from_proto",
     "command_to_proto",
+    "ipc_to_schema",
     "ipc_to_table",
     "response_from_proto",
     "response_to_proto",
+    "schema_to_ipc",
     "table_to_ipc",
 ]

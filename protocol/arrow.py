@@ -28,3 +28,21 @@ def ipc_to_table(data: bytes) -> pa.Table:
     # Reading from memory, an OSError can only mean bytes that end mid-message.
     except (pa.ArrowException, OSError) as error:
         raise ProtocolError(f"not an Arrow IPC stream: {error}") from error
+
+
+# The field metadata key of a column's Spark type in a source's `arrow_schema`
+# (controller.proto's SourceView).
+SPARK_TYPE = b"spark_type"
+
+
+def schema_to_ipc(schema: pa.Schema) -> bytes:
+    """`schema` (field metadata included) as an Arrow IPC schema message."""
+    return schema.serialize().to_pybytes()
+
+
+def ipc_to_schema(data: bytes) -> pa.Schema:
+    """The schema an Arrow IPC schema message holds; `ProtocolError` if it holds none."""
+    try:
+        return pa.ipc.read_schema(pa.py_buffer(data))
+    except (pa.ArrowException, OSError) as error:
+        raise ProtocolError(f"not an Arrow IPC schema: {error}") from error

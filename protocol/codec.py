@@ -471,6 +471,9 @@ def _status_to_proto(status: h.StatusResponse) -> pb.StatusResponse:
                 digest_time=d.digest_time,
                 hydration_tasks_done=d.hydration_tasks_done,
                 hydration_tasks_total=d.hydration_tasks_total,
+                pending_times=d.pending_times,
+                pending_rows=d.pending_rows,
+                last_step_times=d.last_step_times,
             )
             for d in status.dataflows
         ],
@@ -497,6 +500,9 @@ def _status_from_proto(message: pb.StatusResponse) -> h.StatusResponse:
                 _optional(d, "digest_time"),
                 d.hydration_tasks_done,
                 d.hydration_tasks_total,
+                d.pending_times,
+                d.pending_rows,
+                d.last_step_times,
             )
             for d in message.dataflows
         ),

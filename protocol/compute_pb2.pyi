@@ -381,7 +381,7 @@ class PeekResponse(_message.Message):
     def __init__(self, uuid: _Optional[str] = ..., rows: _Optional[_Union[PeekRows, _Mapping]] = ..., error: _Optional[_Union[PeekError, _Mapping]] = ..., canceled: _Optional[_Union[PeekCanceled, _Mapping]] = ...) -> None: ...
 
 class DataflowStatus(_message.Message):
-    __slots__ = ("id", "hydrated", "error", "digest", "last_step_ms", "rows_changed", "steps", "digest_time", "hydration_tasks_done", "hydration_tasks_total")
+    __slots__ = ("id", "hydrated", "error", "digest", "last_step_ms", "rows_changed", "steps", "digest_time", "hydration_tasks_done", "hydration_tasks_total", "pending_times", "pending_rows", "last_step_times")
     ID_FIELD_NUMBER: _ClassVar[int]
     HYDRATED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -392,6 +392,9 @@ class DataflowStatus(_message.Message):
     DIGEST_TIME_FIELD_NUMBER: _ClassVar[int]
     HYDRATION_TASKS_DONE_FIELD_NUMBER: _ClassVar[int]
     HYDRATION_TASKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    PENDING_TIMES_FIELD_NUMBER: _ClassVar[int]
+    PENDING_ROWS_FIELD_NUMBER: _ClassVar[int]
+    LAST_STEP_TIMES_FIELD_NUMBER: _ClassVar[int]
     id: str
     hydrated: bool
     error: str
@@ -402,7 +405,10 @@ class DataflowStatus(_message.Message):
     digest_time: int
     hydration_tasks_done: int
     hydration_tasks_total: int
-    def __init__(self, id: _Optional[str] = ..., hydrated: _Optional[bool] = ..., error: _Optional[str] = ..., digest: _Optional[str] = ..., last_step_ms: _Optional[int] = ..., rows_changed: _Optional[int] = ..., steps: _Optional[int] = ..., digest_time: _Optional[int] = ..., hydration_tasks_done: _Optional[int] = ..., hydration_tasks_total: _Optional[int] = ...) -> None: ...
+    pending_times: int
+    pending_rows: int
+    last_step_times: int
+    def __init__(self, id: _Optional[str] = ..., hydrated: _Optional[bool] = ..., error: _Optional[str] = ..., digest: _Optional[str] = ..., last_step_ms: _Optional[int] = ..., rows_changed: _Optional[int] = ..., steps: _Optional[int] = ..., digest_time: _Optional[int] = ..., hydration_tasks_done: _Optional[int] = ..., hydration_tasks_total: _Optional[int] = ..., pending_times: _Optional[int] = ..., pending_rows: _Optional[int] = ..., last_step_times: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
     __slots__ = ("heartbeat", "dataflows", "dataflows_kept", "dataflows_built", "pid", "errors", "metrics_address")

@@ -57,7 +57,7 @@ class CollectionView(_message.Message):
     def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., since: _Optional[int] = ..., write_frontier: _Optional[int] = ..., wallclock_lag_ms: _Optional[int] = ...) -> None: ...
 
 class DataflowStatusView(_message.Message):
-    __slots__ = ("hydrated", "error", "digest", "last_step_ms", "rows_changed", "steps", "hydration_tasks_done", "hydration_tasks_total")
+    __slots__ = ("hydrated", "error", "digest", "last_step_ms", "rows_changed", "steps", "hydration_tasks_done", "hydration_tasks_total", "pending_times", "pending_rows", "last_step_times")
     HYDRATED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +66,9 @@ class DataflowStatusView(_message.Message):
     STEPS_FIELD_NUMBER: _ClassVar[int]
     HYDRATION_TASKS_DONE_FIELD_NUMBER: _ClassVar[int]
     HYDRATION_TASKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    PENDING_TIMES_FIELD_NUMBER: _ClassVar[int]
+    PENDING_ROWS_FIELD_NUMBER: _ClassVar[int]
+    LAST_STEP_TIMES_FIELD_NUMBER: _ClassVar[int]
     hydrated: bool
     error: str
     digest: str
@@ -74,7 +77,10 @@ class DataflowStatusView(_message.Message):
     steps: int
     hydration_tasks_done: int
     hydration_tasks_total: int
-    def __init__(self, hydrated: _Optional[bool] = ..., error: _Optional[str] = ..., digest: _Optional[str] = ..., last_step_ms: _Optional[int] = ..., rows_changed: _Optional[int] = ..., steps: _Optional[int] = ..., hydration_tasks_done: _Optional[int] = ..., hydration_tasks_total: _Optional[int] = ...) -> None: ...
+    pending_times: int
+    pending_rows: int
+    last_step_times: int
+    def __init__(self, hydrated: _Optional[bool] = ..., error: _Optional[str] = ..., digest: _Optional[str] = ..., last_step_ms: _Optional[int] = ..., rows_changed: _Optional[int] = ..., steps: _Optional[int] = ..., hydration_tasks_done: _Optional[int] = ..., hydration_tasks_total: _Optional[int] = ..., pending_times: _Optional[int] = ..., pending_rows: _Optional[int] = ..., last_step_times: _Optional[int] = ...) -> None: ...
 
 class ReplicaView(_message.Message):
     __slots__ = ("name", "size", "spark_master", "address", "managed", "state", "epoch", "pid", "in_sync", "hydrated", "lag_ms", "peeks_won", "dataflows_kept", "dataflows_built", "resumes", "replays", "errors", "dataflows", "consecutive_failures", "last_failure", "next_retry_ms", "wallclock_lag_ms", "diverged", "slow", "metrics_address")
@@ -179,18 +185,20 @@ class InstanceView(_message.Message):
     def __init__(self, name: _Optional[str] = ..., health: _Optional[str] = ..., min_in_sync: _Optional[int] = ..., max_lag_ms: _Optional[int] = ..., replica_timeout_ms: _Optional[int] = ..., max_hold_back_ms: _Optional[int] = ..., replace_slow: _Optional[bool] = ..., history_length: _Optional[int] = ..., history_reductions: _Optional[int] = ..., commands_pushed: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaView, _Mapping]]] = ..., collections: _Optional[_Iterable[_Union[CollectionView, _Mapping]]] = ..., unavailable_dataflows: _Optional[_Mapping[str, str]] = ..., divergences: _Optional[int] = ..., events: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SourceView(_message.Message):
-    __slots__ = ("id", "name", "schema", "since", "upper")
+    __slots__ = ("id", "name", "schema", "since", "upper", "arrow_schema")
     ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_FIELD_NUMBER: _ClassVar[int]
     SINCE_FIELD_NUMBER: _ClassVar[int]
     UPPER_FIELD_NUMBER: _ClassVar[int]
+    ARROW_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     id: str
     name: str
     schema: str
     since: int
     upper: int
-    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., schema: _Optional[str] = ..., since: _Optional[int] = ..., upper: _Optional[int] = ...) -> None: ...
+    arrow_schema: bytes
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., schema: _Optional[str] = ..., since: _Optional[int] = ..., upper: _Optional[int] = ..., arrow_schema: _Optional[bytes] = ...) -> None: ...
 
 class DataflowView(_message.Message):
     __slots__ = ("id", "instance", "name", "sql", "schema", "index_id", "index_key", "sink_id", "compaction_window_ms", "strategy", "replicas")
@@ -312,14 +320,16 @@ class DropReplicaResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class ResizeRequest(_message.Message):
-    __slots__ = ("instance", "size", "timeout_ms")
+    __slots__ = ("instance", "size", "timeout_ms", "on_timeout")
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    ON_TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     instance: str
     size: str
     timeout_ms: int
-    def __init__(self, instance: _Optional[str] = ..., size: _Optional[str] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+    on_timeout: str
+    def __init__(self, instance: _Optional[str] = ..., size: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., on_timeout: _Optional[str] = ...) -> None: ...
 
 class ResizeResponse(_message.Message):
     __slots__ = ("replicas",)
@@ -502,6 +512,44 @@ class ListEventsResponse(_message.Message):
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     events: _containers.RepeatedCompositeFieldContainer[EventView]
     def __init__(self, events: _Optional[_Iterable[_Union[EventView, _Mapping]]] = ...) -> None: ...
+
+class ListStorageRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HoldView(_message.Message):
+    __slots__ = ("holder", "owner", "frontier", "held_back_ms")
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    FRONTIER_FIELD_NUMBER: _ClassVar[int]
+    HELD_BACK_MS_FIELD_NUMBER: _ClassVar[int]
+    holder: str
+    owner: str
+    frontier: int
+    held_back_ms: int
+    def __init__(self, holder: _Optional[str] = ..., owner: _Optional[str] = ..., frontier: _Optional[int] = ..., held_back_ms: _Optional[int] = ...) -> None: ...
+
+class StorageView(_message.Message):
+    __slots__ = ("id", "name", "kind", "since", "upper", "holds")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    UPPER_FIELD_NUMBER: _ClassVar[int]
+    HOLDS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    kind: str
+    since: int
+    upper: int
+    holds: _containers.RepeatedCompositeFieldContainer[HoldView]
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., since: _Optional[int] = ..., upper: _Optional[int] = ..., holds: _Optional[_Iterable[_Union[HoldView, _Mapping]]] = ...) -> None: ...
+
+class ListStorageResponse(_message.Message):
+    __slots__ = ("collections",)
+    COLLECTIONS_FIELD_NUMBER: _ClassVar[int]
+    collections: _containers.RepeatedCompositeFieldContainer[StorageView]
+    def __init__(self, collections: _Optional[_Iterable[_Union[StorageView, _Mapping]]] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
     __slots__ = ("instance", "name", "as_of", "up_to", "snapshot", "progress")

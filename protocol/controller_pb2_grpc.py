@@ -125,6 +125,11 @@ class ControllerStub:
                 request_serializer=protocol_dot_controller__pb2.ListEventsRequest.SerializeToString,
                 response_deserializer=protocol_dot_controller__pb2.ListEventsResponse.FromString,
                 _registered_method=True)
+        self.ListStorage = channel.unary_unary(
+                '/tandem.v1.Controller/ListStorage',
+                request_serializer=protocol_dot_controller__pb2.ListStorageRequest.SerializeToString,
+                response_deserializer=protocol_dot_controller__pb2.ListStorageResponse.FromString,
+                _registered_method=True)
         self.Subscribe = channel.unary_stream(
                 '/tandem.v1.Controller/Subscribe',
                 request_serializer=protocol_dot_controller__pb2.SubscribeRequest.SerializeToString,
@@ -175,7 +180,8 @@ class ControllerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Resize(self, request, context):
-        """Adds replicas of the new size, waits until they are in sync, drops the old ones.
+        """Adds replicas of the new size, waits until they are in sync, drops the old ones: one
+        durable reconfiguration, finished or rolled back by the next controller if this one dies.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -249,6 +255,14 @@ class ControllerServicer:
     def ListEvents(self, request, context):
         """What happened to instances (replica failures and rehydrations, reconciliations,
         divergences, slow replicas, dataflow errors, take-overs), oldest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListStorage(self, request, context):
+        """Every live storage collection with the read holds that pin its since: holder, owner
+        and how far behind the upper each holds it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -358,6 +372,11 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.ListEvents,
                     request_deserializer=protocol_dot_controller__pb2.ListEventsRequest.FromString,
                     response_serializer=protocol_dot_controller__pb2.ListEventsResponse.SerializeToString,
+            ),
+            'ListStorage': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListStorage,
+                    request_deserializer=protocol_dot_controller__pb2.ListStorageRequest.FromString,
+                    response_serializer=protocol_dot_controller__pb2.ListStorageResponse.SerializeToString,
             ),
             'Subscribe': grpc.unary_stream_rpc_method_handler(
                     servicer.Subscribe,
@@ -852,6 +871,33 @@ class Controller:
             '/tandem.v1.Controller/ListEvents',
             protocol_dot_controller__pb2.ListEventsRequest.SerializeToString,
             protocol_dot_controller__pb2.ListEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListStorage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.Controller/ListStorage',
+            protocol_dot_controller__pb2.ListStorageRequest.SerializeToString,
+            protocol_dot_controller__pb2.ListStorageResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -35,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 
@@ -99,11 +100,21 @@ def archive_option(jvm_options: str) -> str:
     return f"-XX:SharedArchiveFile={path}" if path is not None else ""
 
 
-def build(jvm_options: str, timeout_s: float = BUILD_TIMEOUT_S) -> Path | None:
+# What an archive is made from, and so what a new one is made for (see `_stem`).
+KEYED_ON = (
+    "the Java binary (its path and modification time), the Spark install (its path and version) and "
+    "the JVM options; a JVM maps an archive only with the class path it was made with, so a virtual "
+    "environment at another path, whose Spark is at another path, makes its own"
+)
+RUNS = {"--train": "training run (1 of 2)", "--check": "check run (2 of 2)"}
+
+
+def build(jvm_options: str, timeout_s: float = BUILD_TIMEOUT_S, on_run: Callable[[str], None] | None = None) -> Path | None:
     """Make the archive for JVMs launched with `jvm_options` unless it exists; return
     it, or None when it cannot be made (no java, a cache that cannot be written, a run
     that failed: logged). Concurrent callers wait for one another (a lock file beside
-    it); the archive appears whole and checked, or not at all."""
+    it); the archive appears whole and checked, or not at all. `on_run` is told which
+    run starts (`RUNS`), for a caller that shows progress."""
     stem = _stem(jvm_options)
     if stem is None:
         return None
@@ -111,19 +122,20 @@ def build(jvm_options: str, timeout_s: float = BUILD_TIMEOUT_S) -> Path | None:
         stem.parent.mkdir(parents=True, exist_ok=True)
         with open(f"{stem}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            return archive_path(jvm_options) or _build(stem, jvm_options, timeout_s)
+            return archive_path(jvm_options) or _build(stem, jvm_options, timeout_s, on_run or (lambda run: None))
     except OSError as error:
         log.warning("no JVM class archive: %s", error)
         return None
 
 
-def _build(stem: Path, jvm_options: str, timeout_s: float) -> Path | None:
+def _build(stem: Path, jvm_options: str, timeout_s: float, on_run: Callable[[str], None]) -> Path | None:
     log.info("making the JVM class archive %s (once per Java and Spark install)", stem)
     for stale in stem.parent.glob(f"{stem.name}.*.partial"):  # of a builder killed mid-way
         stale.unlink(missing_ok=True)
     partial = stem.with_name(f"{stem.name}.{os.getpid()}.partial")
     try:
         for verb, failed in (("--train", "the training run failed"), ("--check", "no JVM could map it")):
+            on_run(RUNS[verb])
             run = subprocess.run(
                 [*COMMAND, verb, str(partial), jvm_options],
                 check=False,
@@ -196,16 +208,21 @@ def _train(out: Path, jvm_options: str) -> None:
             for strategy in ("incremental", "recompute")
         ]
         versions: list = [None] * len(flows)
-        for step in range(3):
+        pending: list[int] = []
+        for step in range(5):
             time = catalog.write_ts()
+            pending.append(time)
             storage.append(orders, [{"id": step * 10 + i, "region": ("eu", "us", "jp")[i % 3], "amount": i * 1.5, "qty": Decimal(i) / 4} for i in range(10)], ts=time)
             storage.append(regions, [{"region": r, "zone": z} for r, z in (("eu", "west"), ("us", "west"), ("jp", "east"))] if step == 0 else [], ts=time)
+            if step == 3:
+                continue  # the next step covers two times, as a replica behind does
             for reader in readers.values():
                 reader.refresh(session)
             for index, flow in enumerate(flows):
-                output = flow.step(time)
-                versions[index] = output.version(versions[index])
+                output = flow.step(pending[-flow.coverable(pending):])  # a recompute, the last alone
+                versions[index] = output.versions(versions[index])[1]
                 output.finish()
+            pending = []
         session.range(100).selectExpr("id", "id % 3 AS k").write.parquet(str(root / "written"))
         session.read.parquet(str(root / "written")).groupBy("k").count().collect()
         catalog.close()

@@ -67,7 +67,7 @@ def change_times(inputs: dict[str, Input], after: int, before: Frontier) -> list
         if isinstance(source, StorageReader):
             times.update(source.change_times(after, before))
         else:
-            times.update(v.time for v in source.versions if after < v.time < limit)
+            times.update(t for t in source.times if after < t < limit)
     return sorted(times)
 
 
@@ -101,6 +101,7 @@ class Dataflow:
     stepping: Future | None = None
     last_step_ms: int = 0
     rows_changed: int = 0  # by the latest step
+    last_step_times: int = 0  # the times the latest step computed
     # What its next step is expected to take: the last one's time, or after its
     # hydration, its rehearsal's (`Replica._rehearse`).
     expected_step_ms: int = 0
@@ -143,6 +144,23 @@ class Dataflow:
         """The meet of the inputs' uppers, capped at `until`: the frontier the dataflow
         reaches once it has computed every change time below it."""
         return input_upper(self.inputs).meet(self.desc.until)
+
+    def backlog(self) -> tuple[int, int]:
+        """The change times its inputs reached that it has not computed yet, and a
+        bound on the input updates they hold (every update of the storage batches that
+        hold one; an index's changes). Safe on the event loop: readers lock their
+        batches."""
+        times = self.next_times(self.input_upper())
+        if not times:
+            return 0, 0
+        after = self.last_computed
+        rows = 0
+        for source in self.inputs.values():
+            if isinstance(source, StorageReader):
+                rows += source.change_rows(after, times[-1])
+            else:
+                rows += source.change_rows(-1 if after is None else after, times[-1])
+        return len(times), rows
 
     def next_times(self, upper: Frontier) -> list[int]:
         """The times still to compute below `upper` (a value of `input_upper()`)."""

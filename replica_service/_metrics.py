@@ -28,6 +28,9 @@ _FAMILIES = {
     "tandem_replica_write_frontier_ms": (GaugeMetricFamily, "The dataflow's write frontier (a time in ms)", ["dataflow"]),
     "tandem_replica_hydration_tasks_done": (GaugeMetricFamily, "Spark tasks done of the hydrating step's jobs", ["dataflow"]),
     "tandem_replica_hydration_tasks": (GaugeMetricFamily, "Spark tasks of the hydrating step's jobs so far", ["dataflow"]),
+    "tandem_replica_pending_times": (GaugeMetricFamily, "Change times the dataflow's inputs reached that it has not computed yet", ["dataflow"]),
+    "tandem_replica_pending_rows": (GaugeMetricFamily, "Input updates those pending times hold (a bound)", ["dataflow"]),
+    "tandem_replica_last_step_times": (GaugeMetricFamily, "Times the dataflow's latest step computed in one pass", ["dataflow"]),
     "tandem_replica_dataflows_kept": (CounterMetricFamily, "Dataflows reconciliation kept", []),
     "tandem_replica_dataflows_built": (CounterMetricFamily, "Dataflows built", []),
     "tandem_replica_heartbeats": (CounterMetricFamily, "Status reports sent", []),
@@ -51,12 +54,14 @@ class ReplicaMetrics(LoopCollector):
             registry=self.registry,
         )
         self.rows_changed = Counter("tandem_replica_rows_changed", "Rows a dataflow's steps changed", ["dataflow"], registry=self.registry)
+        self.times_computed = Counter("tandem_replica_times_computed", "Versions a dataflow's steps computed", ["dataflow"], registry=self.registry)
         self.peeks = Counter("tandem_replica_peeks", "Reads answered, by outcome", ["outcome"], registry=self.registry)
         self._server = None
 
-    def observe_step(self, dataflow: Dataflow, elapsed_ms: int, rows_changed: int) -> None:
+    def observe_step(self, dataflow: Dataflow, elapsed_ms: int, rows_changed: int, times: int) -> None:
         self.step_seconds.labels(dataflow.desc.name).observe(elapsed_ms / 1000)
         self.rows_changed.labels(dataflow.desc.name).inc(rows_changed)
+        self.times_computed.labels(dataflow.desc.name).inc(times)
 
     def observe_peek(self, outcome: str) -> None:
         self.peeks.labels(outcome).inc()
@@ -98,6 +103,9 @@ class ReplicaMetrics(LoopCollector):
                 Sample("tandem_replica_hydrated", name, float(dataflow.hydrated)),
                 Sample("tandem_replica_hydration_tasks_done", name, reported.hydration_tasks_done),
                 Sample("tandem_replica_hydration_tasks", name, reported.hydration_tasks_total),
+                Sample("tandem_replica_pending_times", name, reported.pending_times),
+                Sample("tandem_replica_pending_rows", name, reported.pending_rows),
+                Sample("tandem_replica_last_step_times", name, reported.last_step_times),
             ]
             if not dataflow.frontier.is_empty:
                 samples.append(Sample("tandem_replica_write_frontier_ms", name, dataflow.frontier.time))

@@ -32,18 +32,14 @@ the controller's to recover: it sends the peeks it has no answer for again, and 
 again from what it forwarded, and a `Subscribe` for an open uuid restarts its reports
 there.
 
-Subscriptions: a task per open subscription of the session reports its index's changes
-per time, as the dataflow's frontier moves: the snapshot at `as_of` first if asked and
-still computable here, then from the last reported time, or from the arrangement's
-since where this replica was built or compacted past it (the controller forwards each
-time once, from whichever replica reports it first).
+Subscriptions are reported by `_feeds`, dataflows stepped by `_steps` (mixins of `Replica`:
+the state is all here).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -55,7 +51,6 @@ import pyarrow as pa
 from py4j.protocol import Py4JNetworkError
 from pyspark.sql import SparkSession
 
-from catalog import CatalogError
 from history import (
     AllowCompaction,
     CancelPeek,
@@ -80,19 +75,19 @@ from history import (
     Schedule,
     StatusResponse,
     Subscribe,
-    SubscribeChanges,
-    SubscribeResponse,
     UpdateConfiguration,
 )
 from protocol import HelloAck, Refusal, table_to_ipc
 from replica_service import _spark
-from replica_service._arrangement import Arrangement, Version, canonical_sort, changes, digest, finish
+from replica_service._arrangement import Arrangement, Version, canonical_sort, digest, finish
 from replica_service._crashes import CrashRecord
 from replica_service._dataflow import Dataflow
+from replica_service._feeds import PeekFailed, Subscriptions
 from replica_service._metrics import ReplicaMetrics
 from replica_service._step_pool import StepPool
-from replica_service.dataplane import SinkWriter, StorageReader, maintainer
-from storage import NegativeCount, Storage
+from replica_service._steps import DataflowSteps, spark_error_message
+from replica_service.dataplane import SinkWriter, StorageReader
+from storage import Storage
 
 log = logging.getLogger(__name__)
 
@@ -102,9 +97,6 @@ STEP_WORKERS = 2
 one another on the replica's cores, which undoes the order of waiting steps (with four,
 the last of 22 TPC-H answers came after 13.4-22.4 s, with two after 10.0-19.4 s; RESULTS
 "Two step workers a pool")."""
-
-TRANSIENT_RETRIES = 5
-"""A dataflow whose step fails this many times in a row for a passing reason fails."""
 
 MANIFEST_MAX_AGE_S = 60.0
 """A reader reads its manifest again at least this often, even when its upper has not
@@ -133,10 +125,6 @@ def manifests_due(readers: Mapping[str, StorageReader], uppers: Mapping[str, Fro
     moved = {id for id, reader in read.items() if uppers.get(id, reader.upper) != reader.upper}
     old = {id for id, reader in read.items() if id not in moved and now - reader.refreshed_at >= MANIFEST_MAX_AGE_S}
     return moved, old
-
-
-class PeekFailed(Exception):
-    """A peek that cannot be answered with rows; its message goes to the controller."""
 
 
 class Refused(Exception):
@@ -184,7 +172,7 @@ class Connection:
             self.outbox.put_nowait(None)
 
 
-class Replica:
+class Replica(DataflowSteps, Subscriptions):
     """Everything one replica process knows and runs.
 
     Lifecycles: `dataflows` gains an entry on `CreateDataflow` (or keeps one through
@@ -513,266 +501,6 @@ class Replica:
         if task is not None:
             task.cancel()
 
-    # --- Subscriptions -------------------------------------------------------------------
-
-    async def _feed(self, command: Subscribe) -> None:
-        """Report subscription `command`'s changes as its index's frontier moves, until
-        canceled; an error (the index is not here, its dataflow failed, its rows cannot
-        be diffed) is reported once and ends it."""
-        loop = asyncio.get_running_loop()
-        reported = command.as_of + 1  # every change before it is reported (or skipped)
-        snapshot = command.snapshot
-        try:
-            while True:
-                _, arrangement = self._readable(command.id, command.as_of, compacted_ok=True)
-                since = arrangement.since.time
-                # Every version below `complete` is final (a closed index: every version).
-                complete = arrangement.upper.time if not arrangement.upper.is_empty else arrangement.versions[-1].time + 1
-                if snapshot and since > command.as_of:
-                    snapshot = False  # built or compacted past it here: another replica sends it
-                    log.info("subscription %s: %s is compacted past as_of %d here", command.uuid, command.id, command.as_of)
-                if snapshot and complete > command.as_of and arrangement.versions:
-                    snapshot = False
-                    report = await loop.run_in_executor(self._io_pool, _snapshot, command, arrangement.version_at(command.as_of))
-                    self.connection.send(report)
-                    continue  # the arrangement may have moved meanwhile: look again
-                base = max(reported - 1, since)
-                if not snapshot and complete > base + 1 and arrangement.versions:
-                    first = arrangement.version_at(base)
-                    later = [v for v in arrangement.versions if base < v.time < complete]
-                    report = await loop.run_in_executor(self._io_pool, _changes_between, command.uuid, base, complete, first, later)
-                    self.connection.send(report)
-                    reported = complete
-                await self._wait_progress()
-        except Exception as e:  # PeekFailed (not readable here), ValueError (no diff), a bug
-            message = str(e) if isinstance(e, (PeekFailed, ValueError)) else _spark_error_message(e)
-            if self.feeds.get(command.uuid) is asyncio.current_task():
-                del self.feeds[command.uuid]
-                self.connection.send(SubscribeResponse(command.uuid, reported, reported, error=message))
-
-    # --- Dataflows -----------------------------------------------------------------------
-
-    async def _run(self, dataflow: Dataflow) -> None:
-        """Compute `dataflow` until it is dropped, fails, or reaches `until`; then
-        release its Spark state."""
-        try:
-            await self._steps(dataflow, self.wakeups[dataflow.id])
-        finally:
-            self._release_state(dataflow)
-
-    async def _steps(self, dataflow: Dataflow, wakeup: asyncio.Event) -> None:
-        """Step `dataflow` through the times its inputs reach, at each `wakeup`."""
-        loop = asyncio.get_running_loop()
-        session = None
-        passing_failures = 0
-        while True:
-            wakeup.clear()
-            try:
-                if session is None:
-                    base = await self.spark()
-                    session = await loop.run_in_executor(self._step_pool, _spark.dataflow_session, base, self.instance.conf())
-                await self._refresh_readers(dataflow)
-                upper = dataflow.input_upper()  # fixed for this round: inputs move meanwhile
-                times = dataflow.next_times(upper)
-                for position, time in enumerate(times):
-                    following = Frontier(times[position + 1]) if position + 1 < len(times) else upper
-                    await self._step(dataflow, session, time, following, last=position + 1 == len(times))
-                if not times and upper > dataflow.frontier and dataflow.last_computed is not None:
-                    await self._advance_sinks(dataflow, upper)
-                self._advance(dataflow, upper)
-                passing_failures = 0
-            except Exception as e:
-                if isinstance(e, (Py4JNetworkError, ConnectionError)) or not _spark.jvm_alive():
-                    self._lost_jvm({dataflow.id, *self.in_flight})  # a dying JVM raises all sorts
-                if isinstance(e, NegativeCount):  # the stored data is wrong, not the moment
-                    self._fail(dataflow, str(e))
-                    return
-                if isinstance(e, (OSError, CatalogError)):
-                    # A storage hiccup, a read the controller's holds did not cover yet:
-                    # try again at the next wake-up.
-                    log.warning("dataflow %s: storage read failed, retrying: %s", dataflow.desc.name, e)
-                    await asyncio.sleep(self.parameters.input_poll_interval_ms / 1000)
-                    wakeup.set()
-                elif _is_passing(e) and passing_failures < TRANSIENT_RETRIES:
-                    # Lost executors, missing cached blocks, files gone under an old plan:
-                    # the moment, not the query. Rebuild the dataflow's Spark state and retry.
-                    passing_failures += 1
-                    message = _spark_error_message(e)
-                    log.warning("dataflow %s: step failed (%s), rebuilding its state, retry %d", dataflow.desc.name, message, passing_failures)
-                    self._release_state(dataflow)
-                    await asyncio.sleep(min(2**passing_failures, 30))
-                    wakeup.set()
-                else:  # an error in the user's SQL or data: this dataflow fails alone
-                    self._fail(dataflow, _spark_error_message(e))
-                    return
-            if dataflow.frontier.is_empty or dataflow.frontier == dataflow.desc.until:
-                return
-            await wakeup.wait()  # set by the storage poller or an upstream dataflow
-
-    def _release_state(self, dataflow: Dataflow) -> None:
-        """Release the Spark state of `dataflow`'s maintainer (its checkpoints: a drop
-        would otherwise leave them until the JVM collects their RDDs, which may take half
-        an hour); a next step builds a new one. With a step still on a worker (a drop
-        cancelled the task awaiting it), once that step ends."""
-        step = dataflow.stepping
-        if step is not None and not step.done():
-            step.add_done_callback(lambda _: self._release_state(dataflow))
-            return
-        built, dataflow.maintainer = dataflow.maintainer, None
-        if built is not None:
-            try:
-                built.close()
-            except Exception as e:  # a stopped session or a dead JVM holds nothing more
-                log.debug("dataflow %s: releasing its state failed: %s", dataflow.desc.name, e)
-
-    def _lost_jvm(self, computing: set[str]) -> None:
-        """The JVM is gone (an OutOfMemoryError in a task kills it): record what it was
-        computing, so that the next incarnation does not die the same way forever, and
-        exit for the controller to start one."""
-        cause = _spark.jvm_exit_cause()
-        log.critical("lost the Spark driver (%s) while computing %s; exiting so that the replica is restarted", cause, sorted(computing))
-        self.crashes.record(computing, cause)
-        os._exit(70)
-
-    def _fail(self, dataflow: Dataflow, error: str) -> None:
-        dataflow.error = error
-        log.warning("dataflow %s failed: %s", dataflow.desc.name, error)
-        self._notify_progress()
-
-    async def _step(self, dataflow: Dataflow, session: SparkSession, time: int, following: Frontier, *, last: bool) -> None:
-        """Compute `dataflow` at `time` (a Spark step: versions collected for its indexes,
-        changes written to its sinks), install it, and advance the dataflow to
-        `following` (the next time to compute, or the inputs' upper). The hydration of a
-        dataflow created live that is the `last` time to compute for now ends with a
-        rehearsal (`_rehearse`)."""
-        loop = asyncio.get_running_loop()
-        previous = _latest_rows(dataflow)
-        # A sink holds this version until the next one; with closed inputs, from now on.
-        sink_upper = time + 1 if following.is_empty else following.time
-        queued = monotonic()
-        self.in_flight.add(dataflow.id)
-        group = dataflow.job_group = _spark.step_job_group(dataflow.id, time)
-        try:
-            pool = self._light_step_pool if dataflow.light else self._step_pool
-            # Ordered by cost (`StepPool`): what the step is expected to take; before the
-            # first (a hydration, a pass over whole snapshots), the costliest.
-            cost = dataflow.expected_step_ms if dataflow.steps else math.inf
-            rehearse = last and not dataflow.steps and not dataflow.replayed
-            dataflow.stepping = pool.submit_costed(cost, self._compute, dataflow, session, time, group, previous, sink_upper, rehearse)
-            rows, changed, started, elapsed_ms, rehearsal_ms = await asyncio.wrap_future(dataflow.stepping)
-        except asyncio.CancelledError:
-            # Dropped (or the replica stops): its Spark jobs stop too, and later ones of
-            # the step are refused, so that they no longer hold the cluster. Called here,
-            # not on the storage workers: they may all wait for Spark jobs that wait for
-            # the cores this step holds (it only posts an event to Spark's scheduler).
-            try:
-                _spark.cancel_jobs(group)
-            except Exception as e:  # a dead JVM runs nothing
-                log.warning("dataflow %s: cancelling its step's Spark jobs failed: %s", dataflow.desc.name, e)
-            raise
-        finally:
-            self.in_flight.discard(dataflow.id)
-            dataflow.job_group = None
-            if dataflow.stepping is not None and dataflow.stepping.done():  # else a drop's release waits for it
-                dataflow.stepping = None  # its result holds a whole version's rows
-        # The step's own time (`elapsed_ms`): not the wait for a free worker, which says
-        # how busy the replica is, not what the step costs.
-        self.metrics.observe_step(dataflow, elapsed_ms, changed)
-        if rows is not None and rows.num_rows and dataflow.desc.name == self._perturbed:
-            rows = pa.concat_tables([rows, rows.slice(rows.num_rows - 1)])
-        log.info(
-            "dataflow %s: computed time %d in %d ms (after %d ms waiting for a worker), %d rows changed",
-            dataflow.desc.name, time, elapsed_ms, int(1000 * (started - queued)), changed,
-        )
-        if rehearsal_ms is not None:
-            log.info("dataflow %s: rehearsed a step in %d ms", dataflow.desc.name, rehearsal_ms)
-        for arrangement in dataflow.arrangements.values():
-            version = await loop.run_in_executor(self._io_pool, Version.build, time, rows, arrangement.key)
-            arrangement.insert(version)
-            dataflow.digest, dataflow.digest_time = version.digest, time
-        dataflow.last_computed = time
-        dataflow.steps += 1
-        dataflow.last_step_ms, dataflow.rows_changed = elapsed_ms, changed
-        dataflow.expected_step_ms = rehearsal_ms if rehearsal_ms is not None else elapsed_ms
-        self._advance(dataflow, following)
-
-    def _compute(
-        self, dataflow: Dataflow, session: SparkSession, time: int, group: str, previous: pa.Table | None, sink_upper: int, rehearse: bool
-    ) -> tuple[pa.Table | None, int, float, int, int | None]:
-        """One step (blocking, on a step worker): the whole version for the indexes (None
-        without any), the rows it changed, when the step started and its milliseconds;
-        the sinks written. Then, if `rehearse`, the rehearsal's milliseconds (None: none
-        was run, or it failed)."""
-        started = monotonic()
-        session.sparkContext.setLocalProperty("spark.scheduler.pool", _spark.LIGHT_POOL if dataflow.light else dataflow.id)
-        # Its jobs' tasks are the hydration progress the status reports.
-        session.sparkContext.setJobGroup(group, f"dataflow {dataflow.desc.name} at {time}")
-        if dataflow.maintainer is None:
-            partitions = int(self.instance.conf().get("spark.sql.shuffle.partitions", "200"))
-            sink_readers = {id: self.readers[id] for id in dataflow.sinks}
-            built = maintainer(dataflow.desc, session, dataflow.inputs, sink_readers, partitions)
-            if dataflow.last_computed is not None and not dataflow.frontier.is_empty:
-                # Rebuilt after a failure: bring the state to where the versions are.
-                built.restore(dataflow.frontier.time - 1)
-            dataflow.maintainer = built
-        if not dataflow.frontier.is_empty:
-            dataflow.maintainer.unchanged_through(dataflow.frontier.time - 1)
-        output = dataflow.maintainer.step(time)
-        try:
-            rows = output.version(previous) if dataflow.arrangements else None
-            for id, sink in dataflow.sinks.items():
-                if id not in dataflow.dropped:
-                    output.write(sink, sink_upper)
-        except BaseException:
-            output.abandon()  # failed, or cancelled by a drop: what it persisted goes now
-            raise
-        output.finish()
-        elapsed_ms = int(1000 * (monotonic() - started))
-        rehearsal_ms = self._rehearse(dataflow, time) if rehearse and dataflow.maintainer.light else None
-        _spark.release_dropped_proxies()
-        return rows, output.rows_changed, started, elapsed_ms, rehearsal_ms
-
-    def _rehearse(self, dataflow: Dataflow, hydrated_at: int) -> int | None:
-        """Right after its hydration (at `hydrated_at`), and before it is reported, an
-        incremental dataflow computes a step over made-up changes and keeps nothing
-        (`Maintainer.rehearse`): the code its first steps run is compiled then, not at
-        the first change (TPC-H's cost the JVM 43.2 CPU-s against the third's 30.1
-        without one, in one process). So a hydrated dataflow steps as fast as it will;
-        reads of a new dataflow wait the rehearsal's time more. Its time is what the
-        first step is expected to take (the hydration's says little of it).
-
-        Only a dataflow created live rehearses (`_step`): one rebuilt from a replayed
-        history belongs to a replica catching up, whose hydrations are not to wait for
-        anything more. (In CI, rehearsals made an `xsmall` replica rebuilding seven
-        dataflows after a controller restart 0.4-2.7 s later with each; it fell more
-        than `max_hold_back_ms` behind the other and was evicted again and again:
-        `test_drills.py`.) And none runs when a change came during the hydration: the
-        step due for it compiles that code anyway, and a rehearsal first would only
-        delay it. A rehearsal that fails only logs: the steps will compile their code
-        themselves. Returns its milliseconds (None: none ran, or it failed)."""
-        if dataflow.changes_waiting(hydrated_at):
-            log.info("dataflow %s: no rehearsal: its inputs changed during its hydration", dataflow.desc.name)
-            return None
-        started = monotonic()
-        try:
-            if not dataflow.maintainer.rehearse(self.work_dir / "rehearsals"):
-                return None
-        except Exception as e:
-            if isinstance(e, (Py4JNetworkError, ConnectionError)) or not _spark.jvm_alive():
-                raise  # the step loop's to handle
-            log.warning("dataflow %s: its rehearsal failed: %s", dataflow.desc.name, _spark_error_message(e))
-            return None
-        return int(1000 * (monotonic() - started))
-
-    async def _advance_sinks(self, dataflow: Dataflow, upper: Frontier) -> None:
-        """Move every live sink's upper to `upper`: no input changed below it."""
-        if upper.is_empty:
-            return  # the inputs are closed; the last write holds the final rows from its time on
-        loop = asyncio.get_running_loop()
-        for id, sink in dataflow.sinks.items():
-            if id not in dataflow.dropped:
-                await loop.run_in_executor(self._io_pool, sink.write, dataflow.last_computed, None, upper.time)
-
     # --- Storage readers -------------------------------------------------------------------
 
     def _reader(self, id: str) -> StorageReader:
@@ -869,7 +597,7 @@ class Replica:
         except (Py4JNetworkError, ConnectionError):
             raise
         except Exception as e:
-            result = PeekError(_spark_error_message(e))
+            result = PeekError(spark_error_message(e))
         # No await between the removal and the send: a CancelPeek cannot slip in. The
         # peek belongs to the current session (a new one cancels them all), so its answer
         # goes to the session's current connection, which a resume may have replaced.
@@ -888,7 +616,7 @@ class Replica:
             while not arrangement.upper.is_complete(peek.timestamp):
                 await self._wait_progress()
                 _, arrangement = self._readable(id, peek.timestamp)
-            versions[id] = arrangement.version_at(peek.timestamp)
+            versions[id] = await self._version(arrangement, peek.timestamp)
         loop = asyncio.get_running_loop()
         if isinstance(peek.target, IndexTarget):
             version = versions[peek.target.id]
@@ -903,6 +631,16 @@ class Replica:
         if limit is not None and rows.num_rows > limit:
             raise PeekFailed(f"the result has {rows.num_rows} rows, more than max_result_rows = {limit}")
         return PeekRows(table_to_ipc(rows), rows.num_rows, digest(rows))
+
+    async def _version(self, arrangement: Arrangement, time: int) -> Version | None:
+        """The version a read at `time` finds, made whole on a storage worker if the
+        arrangement holds only its changes (and kept whole for the reads after it)."""
+        if arrangement.whole_at(time):
+            return arrangement.version_at(time)
+        version = await asyncio.get_running_loop().run_in_executor(self._io_pool, arrangement.version_at, time)
+        if version is not None:
+            arrangement.keep(version)
+        return version
 
     def _sql_peek(self, session: SparkSession, peek: Peek, inputs: dict[str, pa.Table]) -> pa.Table:
         child = _spark.dataflow_session(session, self.instance.conf())
@@ -940,6 +678,7 @@ class Replica:
         dataflows = []
         for dataflow in self.dataflows.values():
             done, total = tasks.get(hydrating.get(dataflow.id, ""), (0, 0))
+            pending_times, pending_rows = (0, 0) if dataflow.error is not None or not dataflow.scheduled else dataflow.backlog()
             dataflows.append(
                 DataflowStatus(
                     id=dataflow.id,
@@ -952,6 +691,9 @@ class Replica:
                     steps=dataflow.steps,
                     hydration_tasks_done=done,
                     hydration_tasks_total=total,
+                    pending_times=pending_times,
+                    pending_rows=pending_rows,
+                    last_step_times=dataflow.last_step_times,
                 )
             )
         return StatusResponse(
@@ -970,60 +712,6 @@ class Replica:
     def _notify_progress(self) -> None:
         self.progress.set()
         self.progress = asyncio.Event()
-
-
-def _snapshot(command: Subscribe, version: Version) -> SubscribeResponse:
-    """The report of subscription `command`'s contents at `as_of`, from `version`."""
-    rows = changes(None, version.table, command.as_of)
-    chunk = (SubscribeChanges(command.as_of, table_to_ipc(rows), rows.num_rows),) if rows.num_rows else ()
-    return SubscribeResponse(command.uuid, command.as_of, command.as_of + 1, chunk)
-
-
-def _changes_between(uuid: str, base: int, end: int, first: Version, later: list[Version]) -> SubscribeResponse:
-    """The report of the times `(base, end)`: each of the `later` versions' changes from
-    the one before it, starting from `first` (the version at `base`)."""
-    chunks = []
-    before = first.table
-    for version in later:
-        rows = changes(before, version.table, version.time)
-        if rows.num_rows:
-            chunks.append(SubscribeChanges(version.time, table_to_ipc(rows), rows.num_rows))
-        before = version.table
-    return SubscribeResponse(uuid, base + 1, end, tuple(chunks))
-
-
-def _latest_rows(dataflow: Dataflow) -> pa.Table | None:
-    """The rows of the dataflow's latest version (all its indexes hold the same rows)."""
-    for arrangement in dataflow.arrangements.values():
-        return arrangement.versions[-1].table if arrangement.versions else None
-    return None
-
-
-# Spark errors that come from the moment, not from the query or its data.
-_PASSING = (
-    "ExecutorLostFailure",
-    "FetchFailed",
-    "Checkpoint block",
-    "BlockMissingException",
-    "FileNotFoundException",
-    "FILE_NOT_EXIST",
-    "Executor heartbeat timed out",
-    "Connection refused",
-)
-
-
-def _is_passing(error: Exception) -> bool:
-    text = str(error)
-    return any(marker in text for marker in _PASSING)
-
-
-def _spark_error_message(error: Exception) -> str:
-    """The first line of a Spark error: its condition and message, not the JVM stack
-    (nor py4j's "An error occurred while calling o123.collect." before it)."""
-    lines = [line.strip().removeprefix(": ") for line in str(error).splitlines() if line.strip()]
-    if len(lines) > 1 and lines[0].startswith("An error occurred while calling"):
-        lines = lines[1:]
-    return (lines[0] if lines else type(error).__name__)[:1000]
 
 
 _HANDLERS: dict[type, Callable[[Replica, Any], None]] = {

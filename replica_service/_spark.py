@@ -140,10 +140,11 @@ def class_archive() -> Path | None:
     return class_archive_path(DRIVER_JVM_OPTIONS)
 
 
-def make_class_archive() -> Path | None:
+def make_class_archive(on_run: Callable[[str], None] | None = None) -> Path | None:
     """Make the class archive that the JVMs launched here map at start-up, unless it
-    exists (`_class_archive`: once per machine, about 40 s); None if it cannot be made."""
-    return build_class_archive(DRIVER_JVM_OPTIONS)
+    exists (`_class_archive`: once per Java and Spark install, about 40-90 s); None if
+    it cannot be made. `on_run` is told which of its two runs starts."""
+    return build_class_archive(DRIVER_JVM_OPTIONS, on_run=on_run)
 
 
 def _prepare_environment(work_dir: Path) -> None:

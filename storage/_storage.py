@@ -45,6 +45,7 @@ from catalog import (
     CatalogError,
     CollectionInfo,
     FailedPrecondition,
+    HoldOwner,
     InvalidArgument,
     ManifestState,
     NewBatch,
@@ -264,6 +265,42 @@ class Storage:
             self._remove(written)
             raise
 
+    def append_batch_of(self, id: str, data: pa.Table | Rows) -> pa.Table:
+        """`data` checked against collection `id`'s schema and shaped as an append's
+        batch, its time not set yet (`append_group` sets it); InvalidArgument naming
+        what does not fit, and nothing written."""
+        return to_batch(data, self.schema(id), default_time=0, allow_time=False)
+
+    def append_group(self, appends: Sequence[tuple[str, pa.Table]]) -> int:
+        """Append each of `appends` (batches from `append_batch_of`, several perhaps of
+        one source) at one new write timestamp, which moves every other source's upper
+        past it too; return the timestamp. One file per source and one catalog
+        transaction (`Catalog.append_group`): all of them are appended or none is, and
+        each source's rows share one time. A refused group removes its files; one cut
+        short by a crash leaves them for garbage collection."""
+        grouped: dict[str, list[pa.Table]] = {}
+        for id, batch in appends:
+            grouped.setdefault(id, []).append(batch)
+        written: list[NewBatch] = []
+
+        def write(ts: int) -> dict[str, NewBatch | None]:
+            files: dict[str, NewBatch | None] = {}
+            for id, batches in grouped.items():
+                batch = pa.concat_tables(batches)
+                files[id] = None
+                if batch.num_rows:
+                    batch = batch.set_column(batch.schema.get_field_index(TIME), TIME, pa.array([ts] * batch.num_rows, pa.int64()))
+                    written.append(self._write(id, batch))
+                    files[id] = written[-1]
+            return files
+
+        try:
+            return self._catalog.append_group(write)
+        except CatalogError:
+            for batch in written:
+                self._remove(batch)
+            raise
+
     def _check_times(self, id: str, batch: pa.Table, lower: Frontier, upper: Frontier) -> None:
         times = batch[TIME]
         outside = pc.less(times, lower.time)
@@ -451,9 +488,13 @@ class Storage:
 
     # --- Read holds, compaction, garbage ----------------------------------------------
 
-    def acquire_read_hold(self, id: str, holder: str, frontier: Frontier) -> Frontier:
-        """Hold `id` readable at `frontier` and later for `holder`; returns the since."""
-        return self._catalog.acquire_read_hold(id, holder, frontier).since
+    def acquire_read_hold(
+        self, id: str, holder: str, frontier: Frontier, owner: HoldOwner = HoldOwner.caller()
+    ) -> Frontier:
+        """Hold `id` readable at `frontier` and later for `holder`, on behalf of `owner`
+        (by default the caller, who must release it: see `catalog.HoldOwner`); returns
+        the since."""
+        return self._catalog.acquire_read_hold(id, holder, frontier, owner).since
 
     def downgrade_read_hold(self, id: str, holder: str, frontier: Frontier) -> Frontier:
         """Move `holder`'s hold forward (empty: release); returns the since."""

@@ -1,8 +1,10 @@
 """The machinery of the path-independence tests (DESIGN section 10), shared by
 `test_incremental.py` (the shapes without stages, the refusals) and
 `test_incremental_subqueries.py` (stages: aggregates below joins, subqueries): two
-sources in storage, Hypothesis update sequences over them, and dataflows stepped at
-every time, incrementally, from scratch, and hydrated late or rebuilt (`run_shape`).
+sources in storage, Hypothesis update sequences over them, and dataflows stepped
+incrementally (over random runs of times, several times in one step), from scratch
+(one time a step), and hydrated late or rebuilt (`run_shape`): at every time, every
+one's version has the same digest.
 `TANDEM_PROPERTY_EXAMPLES` sets the number of generated sequences per shape (CI runs
 the default). Every sequence inserts rows into both sources at its first time:
 Hypothesis's first example would otherwise be the one that changes nothing, ever, which
@@ -17,6 +19,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rows import assert_same_rows
@@ -24,7 +27,7 @@ from rows import assert_same_rows
 import history as h
 from catalog import Catalog
 from replica_service import _spark
-from replica_service._arrangement import Version
+from replica_service._arrangement import Arrangement, Version
 from replica_service.dataplane import StorageReader, _incremental, maintainer
 from storage import Storage
 
@@ -68,8 +71,9 @@ def sequences(draw):
     picks, t updates). A pick selects a live row by position, so every retraction
     retracts a row that exists; an update retracts a row and inserts a changed copy.
     The first batch inserts two rows into t and one into u at least, so that even
-    Hypothesis's simplest example (which it tries first) has rows to join and group."""
-    steps = draw(st.integers(3, 4))
+    Hypothesis's simplest example (which it tries first) has rows to join and group.
+    Each batch is a time; `runs` (below) says which times one step covers."""
+    steps = draw(st.integers(3, 5))
     return [
         (
             draw(st.lists(t_rows, min_size=2 if step == 0 else 0, max_size=6)),
@@ -120,6 +124,22 @@ class Sources:
         return time
 
 
+def runs(times: list[int], ends: frozenset[int]) -> list[list[int]]:
+    """`times` cut into the runs one step each covers: a run ends at each position in
+    `ends` (and at the last)."""
+    cut, current = [], []
+    for position, time in enumerate(times):
+        current.append(time)
+        if position in ends or position == len(times) - 1:
+            cut.append(current)
+            current = []
+    return cut
+
+
+run_ends = st.frozensets(st.integers(0, 5), max_size=3)
+"""Where the runs of times a step covers end (positions in an example's times)."""
+
+
 # --- Dataflows under test --------------------------------------------------------------
 
 
@@ -134,18 +154,46 @@ class Flow:
         desc = h.DataflowDescription(name, sql, (), (h.IndexExport(name, ()),), strategy=strategy)
         self.maintainer = maintainer(desc, session, inputs, {}, 2)
         self.overlaid = overlaid
+        # Its versions, as a replica keeps an index's: each time's changes, the last whole.
+        self.versions = Arrangement(name, (), h.Frontier.minimum(), h.Frontier.minimum())
         self.table: pa.Table | None = None
         self.digests: dict[int, str] = {}
         self.rows_changed: dict[int, int] = {}
 
     def step(self, time: int) -> pa.Table:
+        return self.step_times([time])[time]
+
+    def step_times(self, times: list[int]) -> dict[int, pa.Table]:
+        """Steps over `times`, as many in each as the maintainer covers (a replica's
+        steps); the version at each (read back from its changes, as reads of a
+        replica's index do)."""
+        versions: dict[int, pa.Table] = {}
+        while times:
+            covered = self.maintainer.coverable(times)
+            versions.update(self._one_step(times[:covered]))
+            times = times[covered:]
+        return versions
+
+    def _one_step(self, times: list[int]) -> dict[int, pa.Table]:
         with _overlay_limits(0, 8) if self.overlaid else nullcontext():
-            output = self.maintainer.step(time)
-            self.table = output.version(self.table)
+            output = self.maintainer.step(times)
+            changes, table = output.versions(self.table)
             output.finish()
-        self.rows_changed[time] = output.rows_changed
-        self.digests[time] = Version.build(time, self.table, ()).digest
-        return self.table
+        by_time = dict(changes)
+        unchanged = table.slice(0, 0).append_column("_diff", pa.array([], pa.int64()))
+        last = Version.build(times[-1], table, ())
+        if not self.versions.times:  # a hydration
+            self.versions.insert(last)
+        else:
+            self.versions.extend([(t, by_time.get(t, unchanged)) for t in times[:-1]], last, by_time.get(times[-1], unchanged))
+        self.table = table
+        versions = {}
+        for time in times:
+            version = self.versions.version_at(time)
+            versions[time], self.digests[time] = version.table, version.digest
+            self.rows_changed[time] = int(pc.sum(pc.abs(by_time[time]["_diff"])).as_py() or 0) if time in by_time else 0
+        assert self.digests[times[-1]] == last.digest, "the last version read back from its changes is the one computed"
+        return versions
 
 
 @contextmanager
@@ -164,41 +212,54 @@ replica added late hydrates), and one whose state is rebuilt through the step be
 (`restored`, as a replica that lost its Spark state rebuilds it)."""
 
 
-def run_shape(env, name: str, sql: str, sequence, expected_sql: str, later: tuple[str, ...] = LATER) -> None:
-    """Step `sql` through `sequence` incrementally (its states overlaid), recomputed,
-    and, from halfway, as each of `later`: at every time all have the same digest, and
-    the incremental version is Spark's answer."""
+def run_shape(env, name: str, sql: str, sequence, expected_sql: str, later: tuple[str, ...] = LATER, ends: frozenset[int] = frozenset()) -> None:
+    """Write `sequence`, then step `sql` through its times: recomputed, one time a
+    step; incrementally (its states overlaid), hydrated at the first time and then
+    over the runs of times `ends` cuts (several times a step); and, from halfway, as
+    each of `later`, over the same runs. At every time all have the same digest (and
+    the same rows changed), and the incremental version is Spark's answer."""
     sources = Sources(env)
     storage = sources.storage
     readers = {"t": StorageReader(storage, sources.t), "u": StorageReader(storage, sources.u)}
-    times = []
-    flows = {}
+    times = [sources.apply(batch) for batch in sequence]
+    for reader in readers.values():
+        reader.refresh(env["session"])
+    half = len(times) // 2
+    # The incremental flow's states are overlaid; the late and restored ones (small
+    # states) take full steps, and all must agree.
+    flows = {s: Flow(env, name, sql, s, readers, overlaid=s == "incremental") for s in ("incremental", "recompute")}
+    versions: dict[str, dict[int, pa.Table]] = {kind: {} for kind in ("incremental", "recompute", *later)}
     try:
-        for index, batch in enumerate(sequence):
-            time = sources.apply(batch)
-            times.append(time)
-            for reader in readers.values():
-                reader.refresh(env["session"])
-            if index == 0:
-                # The incremental flow's states are overlaid; the late and restored ones
-                # (small states) take full steps, and all must agree.
-                flows = {s: Flow(env, name, sql, s, readers, overlaid=s == "incremental") for s in ("incremental", "recompute")}
-            if index == len(sequence) // 2:
-                for kind in later:
-                    flows[kind] = Flow(env, name, sql, "incremental", readers)
-                if "restored" in later:
-                    flows["restored"].maintainer.restore(times[-2])
-                    flows["restored"].table = flows["incremental"].table
-            versions = {s: f.step(time) for s, f in flows.items()}
-            for kind in flows.keys() - {"incremental"}:
-                assert flows[kind].digests[time] == flows["incremental"].digests[time], f"{name}: {kind} differs from incremental at step {index}"
-            # What status reports as the step's rows changed does not depend on the strategy.
-            assert flows["incremental"].rows_changed[time] == flows["recompute"].rows_changed[time], f"{name}: rows changed at step {index}"
-            expected = spark_answer(env, expected_sql, {"t": storage.read_snapshot(sources.t, time), "u": storage.read_snapshot(sources.u, time)})
-            assert_same_rows(versions["incremental"], expected)
-            # As a replica does after its steps: a dropped proxy in a reference cycle pins
-            # its Dataset, plans and all, in the JVM until a cyclic collection.
+        for time in times:
+            versions["recompute"].update(flows["recompute"].step_times([time]))
+        versions["incremental"].update(flows["incremental"].step_times(times[:1]))
+        for run in runs(times[1:], frozenset(end - 1 for end in ends)):
+            versions["incremental"].update(flows["incremental"].step_times(run))
             _spark.release_dropped_proxies()
+        for kind in later:
+            flows[kind] = Flow(env, name, sql, "incremental", readers)
+            if kind == "restored":
+                # Rebuilt through the time before halfway, from where its versions are.
+                flows[kind].maintainer.restore(times[half - 1])
+                flows[kind].table = versions["incremental"][times[half - 1]]
+                flows[kind].versions.insert(Version.build(times[half - 1], flows[kind].table, ()))
+                start = half
+            else:  # hydrated halfway
+                versions[kind].update(flows[kind].step_times([times[half]]))
+                start = half + 1
+            for run in runs(times[start:], frozenset(end - start for end in ends if end >= start)):
+                versions[kind].update(flows[kind].step_times(run))
+        for index, time in enumerate(times):
+            for kind in flows.keys() - {"incremental"}:
+                if time in flows[kind].digests:
+                    assert flows[kind].digests[time] == flows["incremental"].digests[time], f"{name}: {kind} differs from incremental at time {index}"
+            # What status reports as the step's rows changed does not depend on the strategy.
+            assert flows["incremental"].rows_changed[time] == flows["recompute"].rows_changed[time], f"{name}: rows changed at time {index}"
+            expected = spark_answer(env, expected_sql, {"t": storage.read_snapshot(sources.t, time), "u": storage.read_snapshot(sources.u, time)})
+            assert_same_rows(versions["incremental"][time], expected)
+        # As a replica does after its steps: a dropped proxy in a reference cycle pins
+        # its Dataset, plans and all, in the JVM until a cyclic collection.
+        _spark.release_dropped_proxies()
     finally:
         release(flows.values(), readers.values())
 
@@ -227,9 +288,9 @@ def check_shape(env, name: str, sql: str, expected_sql: str | None = None) -> No
     later_of: dict[str, str] = {}
 
     @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
-    @given(sequences())
-    def check(sequence):
+    @given(sequences(), run_ends)
+    def check(sequence, ends):
         later = later_of.setdefault(repr(sequence), LATER[len(later_of) % len(LATER)])
-        run_shape(env, name, sql, sequence, expected_sql or sql, (later,))
+        run_shape(env, name, sql, sequence, expected_sql or sql, (later,), ends)
 
     check()

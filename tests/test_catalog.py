@@ -17,6 +17,7 @@ from catalog import (
     AlreadyExists,
     Catalog,
     FailedPrecondition,
+    HoldOwner,
     InvalidArgument,
     NotFound,
     _collections,
@@ -81,7 +82,7 @@ def test_a_bare_postgresql_url_gets_psycopg_3() -> None:
 
 def test_foreign_keys_are_enforced(controller: Catalog, catalog_url: str) -> None:
     engine = make_engine(catalog_url)
-    insert = "INSERT INTO read_holds (collection_id, holder, frontier) VALUES ('u404', 'h', 0)"
+    insert = "INSERT INTO read_holds (collection_id, holder, frontier, owner) VALUES ('u404', 'h', 0, 'caller')"
     with pytest.raises(Exception, match="(?i)foreign key"), engine.begin() as connection:
         connection.execute(text(insert))
     engine.dispose()
@@ -647,3 +648,48 @@ def test_package_imports_follow_the_layering(package: str) -> None:
                 top = name.split(".")[0]
                 assert top not in FORBIDDEN, f"{path} imports {name}"
                 assert top not in OURS or top in ALLOWED[package], f"{path} imports {name}"
+
+
+def test_holds_whose_owner_is_gone_are_removed_and_never_taken_again(controller: Catalog) -> None:
+    """A dropped dataflow's input holds go with its drop, and moving them later (the
+    instance still winding the dataflow down) does not bring them back. A feed's hold
+    is an orphan once its controller no longer has the feed open, or a newer controller
+    runs; the caller's and the retention window's never are."""
+    controller.create_instance("main")
+    orders = controller.create_source("orders", SCHEMA, holders=["tandem/retention"])
+    flow = controller.create_dataflow(
+        "main", "idx", sql="SELECT * FROM o", imports=[Import("o", orders.id)], schema=SCHEMA, as_of=Frontier(0), index_key=[]
+    )
+    holder = f"main/{flow.export_ids[0]}"
+    assert {h.holder: str(h.owner) for h in controller.list_holds()}[holder] == f"dataflow of {flow.export_ids[0]}"
+    controller.drop_dataflow(flow.id)
+    controller.record_compute_frontiers({}, [(orders.id, holder, Frontier(1))])
+    assert holder not in dict(controller.manifest(orders.id).holds)
+
+    controller.acquire_read_hold(orders.id, "subscribe:open", Frontier(0), HoldOwner.feed(controller.epoch or 0))
+    controller.acquire_read_hold(orders.id, "subscribe:closed", Frontier(0), HoldOwner.feed(controller.epoch or 0))
+    controller.acquire_read_hold(orders.id, "tool", Frontier(0))
+    removed = controller.remove_orphaned_holds(lambda: {"subscribe:open"})
+    assert [(h.holder, str(h.owner)) for h in removed] == [("subscribe:closed", f"feed of controller epoch {controller.epoch}")]
+    assert controller.remove_orphaned_holds(lambda: {"subscribe:open"}) == []
+    controller.become_controller()  # a newer controller: the old one's feeds are gone
+    assert [h.holder for h in controller.remove_orphaned_holds(frozenset)] == ["subscribe:open"]
+    assert sorted(dict(controller.manifest(orders.id).holds)) == ["tandem/retention", "tool"]
+    with pytest.raises(NotFound):
+        controller.acquire_read_hold(orders.id, "late", Frontier(0), HoldOwner.dataflow(flow.export_ids[0]))
+
+
+def test_one_reconfiguration_per_instance_is_recorded_until_it_ends(controller: Catalog, dump) -> None:  # type: ignore[no-untyped-def]
+    controller.create_instance("main")
+    deadline = controller.now_ms() + 1_000
+    record = controller.begin_reconfiguration("main", size="small", old=["r1"], new=["small_1"], deadline_ms=deadline, on_timeout="commit")
+    assert controller.list_reconfigurations() == [record] and record.new == ("small_1",)
+    refused(dump, AlreadyExists, lambda: controller.begin_reconfiguration("main", size="large", old=["r1"], new=["large_1"], deadline_ms=deadline, on_timeout="commit"), "being resized")
+    refused(dump, InvalidArgument, lambda: controller.begin_reconfiguration("main", size="s", old=[], new=[], deadline_ms=deadline, on_timeout="commit"))
+    controller.end_reconfiguration("main")
+    controller.end_reconfiguration("main")
+    assert controller.list_reconfigurations() == []
+    refused(dump, InvalidArgument, lambda: controller.begin_reconfiguration("main", size="s", old=[], new=["s_1"], deadline_ms=deadline, on_timeout="later"))
+    controller.begin_reconfiguration("main", size="small", old=[], new=["small_1"], deadline_ms=deadline, on_timeout="rollback")
+    controller.drop_instance("main")
+    assert controller.list_reconfigurations() == []

@@ -51,6 +51,16 @@ def test_concurrent_callers_make_the_archive_once(cache: Path, tmp_path: Path, m
     assert _class_archive.archive_path("-Xss4m") is None  # other JVM options, another archive
 
 
+def test_a_build_says_which_run_is_under_way(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 50: the demo was silent for 70-80 s while it made the archive; a caller
+    that shows progress is told of each run as it starts, and only when one runs."""
+    monkeypatch.setattr(_class_archive, "COMMAND", runs("open(path, 'w').write('classes')"))
+    told: list[str] = []
+    assert _class_archive.build("-Xss2m", on_run=told.append) is not None
+    assert told == [_class_archive.RUNS["--train"], _class_archive.RUNS["--check"]]
+    assert _class_archive.build("-Xss2m", on_run=told.append) is not None and len(told) == 2  # made: no run
+
+
 @pytest.mark.parametrize(
     "train, check, logged",
     [

@@ -8,6 +8,7 @@ import datetime as dt
 import decimal
 import io
 import json
+import subprocess
 import sys
 import time
 import types
@@ -207,9 +208,9 @@ def test_replica_add_drop_and_instance_resize(tandem, api):
     assert tandem("replica", "drop", "prod", "ext", "--force") == (0, "dropped replica ext\n", "")
     assert api.last("drop_replica")[1] == {"force": True}
 
-    code, out, _ = tandem("instance", "resize", "prod", "medium", "--timeout-ms", "5000", "--json")
+    code, out, _ = tandem("instance", "resize", "prod", "medium", "--timeout-ms", "5000", "--on-timeout", "commit", "--json")
     assert [r["name"] for r in json.loads(out)] == ["r1-medium", "r2-medium", "r3-medium"]
-    assert api.last("resize") == (("prod", "medium"), {"timeout_ms": 5000})
+    assert api.last("resize") == (("prod", "medium"), {"timeout_ms": 5000, "on_timeout": "commit"})
 
 
 # --- Sources ---------------------------------------------------------------------------
@@ -297,7 +298,7 @@ def test_jsonl_append_from_a_file_and_from_stdin(tandem, api, tmp_path, monkeypa
     monkeypatch.setattr(sys, "stdin", io.StringIO('{"id": 3, "name": "from stdin"}\n'))
     assert tandem("source", "append", "events", "-")[0] == 0
     assert stored(api, "events")[0]["name"] == "from stdin"
-    monkeypatch.setattr(sys, "stdin", io.StringIO("id,name\n4,csv on stdin\n"))
+    monkeypatch.setattr(sys, "stdin", io.StringIO("id,day,at,price,ok,name,score\n4,,,,,csv on stdin,\n"))
     assert tandem("source", "append", "events", "--csv", "-")[0] == 0
     assert stored(api, "events")[0] == dict.fromkeys(first, None) | {
         "id": 4,
@@ -332,10 +333,13 @@ def test_a_source_like_a_parquet_file_takes_its_rows_by_column_name(tandem, api,
     unconvertible = tmp_path / "text_ids.parquet"
     pq.write_table(pa.table({"id": ["x"], "city": ["Oslo"], "km": [1.0]}), unconvertible)
     code, _, err = tandem("source", "append", "trips", "--parquet", str(unconvertible))
-    assert code == 1 and "INVALID_ARGUMENT" in err and "column 'id' does not convert to int64" in err
+    assert code == 1 and "INVALID_ARGUMENT" in err and "column 'id' (BIGINT NOT NULL) cannot take its string values" in err
     code, _, err = tandem("source", "create", "nothing", "--like-parquet", str(tmp_path / "missing.parquet"))
     assert code == 1 and "cannot read the schema of" in err
     assert len(api.batches["trips"]) == 2 and "nothing" not in api.sources  # the refusals wrote nothing
+
+
+HEADER = "id,day,at,price,ok,name,score"
 
 
 @pytest.mark.parametrize(
@@ -343,21 +347,35 @@ def test_a_source_like_a_parquet_file_takes_its_rows_by_column_name(tandem, api,
     [
         (
             "bad.csv",
-            "id,day\n1,2024-01-01\nx,2024-01-02\n",
-            "bad.csv: line 3: column 'id' cannot take 'x'",
+            f"{HEADER}\n1,2024-01-01,,,,,\nx,2024-01-02,,,,,\n",
+            "bad.csv: line 3: column 'id' (BIGINT NOT NULL) cannot take 'x'",
         ),
-        ("bad.csv", "id,ok\n1,maybe\n", "bad.csv: line 2: column 'ok' cannot take 'maybe'"),
-        ("bad.csv", "id\n1,2\n", "bad.csv: line 2: more cells than the header has columns"),
+        ("bad.csv", f"{HEADER}\n1,,,,maybe,,\n", "bad.csv: line 2: column 'ok' (BOOLEAN) cannot take 'maybe'"),
+        ("bad.csv", f"{HEADER}\n1,,,9.x,,,\n", "bad.csv: line 2: column 'price' (DECIMAL(10,2)) cannot take '9.x'"),
+        ("bad.csv", f"{HEADER}\n1,2,,,,,,\n", "bad.csv: line 2: more cells than the header has columns"),
+        # A NULL in a NOT NULL column: the file and its line, not storage's row index.
+        ("bad.csv", f"{HEADER}\n1,,,,,,\n,,,,,,\n", "bad.csv: line 3: column 'id' (BIGINT NOT NULL) has no value"),
+        # Issue 50: a header without a column appended the rows with it NULL.
+        (
+            "bad.csv",
+            "id,name\n1,ann\n",
+            "bad.csv: line 1: the header lacks columns 'day' (DATE), 'at' (TIMESTAMP), 'price' (DECIMAL(10,2)), "
+            "'ok' (BOOLEAN), 'score' (FLOAT) of source 'events'; give every column (an empty field is NULL)",
+        ),
+        ("bad.csv", f"{HEADER},extra\n1,,,,,,,\n", "bad.csv: line 1: column 'extra' is not a column of source 'events' (id, day, at, price, ok, name, score, and _diff)"),
+        ("bad.csv", f"{HEADER},id\n1,,,,,,,1\n", "bad.csv: line 1: column 'id' appears twice in the header"),
         ("bad.jsonl", '{"id": 1}\n{"id": \n', "bad.jsonl: line 2: not JSON"),
         ("bad.jsonl", "[1]\n", "bad.jsonl: line 1: expected a JSON object"),
         (
             "bad.jsonl",
             '{"id": 1, "day": "31/01/2024"}\n',
-            "bad.jsonl: line 1: column 'day' cannot take '31/01/2024'",
+            "bad.jsonl: line 1: column 'day' (DATE) cannot take '31/01/2024'",
         ),
+        ("bad.jsonl", '{"id": 1}\n{"name": "no id"}\n', "bad.jsonl: line 2: column 'id' (BIGINT NOT NULL) has no value"),
+        ("bad.jsonl", '{"id": 1, "nmae": "typo"}\n', "bad.jsonl: line 1: column 'nmae' is not a column of source 'events'"),
     ],
 )
-def test_rows_that_do_not_read_are_refused_naming_file_line_and_column(
+def test_rows_that_do_not_read_are_refused_naming_file_line_column_and_type(
     tandem, api, tmp_path, name, text, message
 ):
     tandem("source", "create", "events", "--schema", TYPED)
@@ -366,16 +384,14 @@ def test_rows_that_do_not_read_are_refused_naming_file_line_and_column(
     flag = "--csv" if name.endswith(".csv") else "--jsonl"
     code, out, err = tandem("source", "append", "events", flag, str(path))
     assert (code, out) == (1, "")
-    assert err.startswith("error: INVALID_ARGUMENT: ") and message in err
-    assert len(api.batches["events"]) == 0
+    assert err.startswith("error: INVALID_ARGUMENT: ") and message in err, err
+    assert len(api.batches["events"]) == 0  # nothing written
 
 
-def test_rows_that_storage_refuses_name_the_row(tandem, tmp_path):
-    tandem("source", "create", "events", "--schema", TYPED)
-    path = tmp_path / "rows.jsonl"
-    path.write_text('{"id": 1}\n{"name": "no id"}\n')
-    code, _, err = tandem("source", "append", "events", "--jsonl", str(path))
-    assert code == 1 and err.startswith("error: INVALID_ARGUMENT: row index 1: column 'id'")
+def test_one_row_is_one_row(tandem, tmp_path):
+    path = tmp_path / "one.csv"
+    path.write_text("id,region,amount\n1,eu,\n")  # an explicit empty field: NULL
+    assert tandem("source", "append", "orders", "--csv", str(path)) == (0, "appended 1 row to orders at timestamp 1001\n", "")
 
 
 def test_append_to_an_unknown_source_or_from_a_missing_file(tandem, tmp_path):
@@ -389,6 +405,28 @@ def test_append_to_an_unknown_source_or_from_a_missing_file(tandem, tmp_path):
         1,
         f"error: INVALID_ARGUMENT: cannot read {missing}: No such file or directory\n",
     )
+
+
+CLIENT_ONLY = """
+import sys
+from controller.cli import main
+code = main(sys.argv[1:])
+heavy = {"pyspark", "sqlalchemy", "alembic", "storage", "catalog", "pyarrow.compute", "pyarrow.parquet"}
+print(sorted(m for m in sys.modules if m in heavy or m.split(".")[0] in heavy), code)
+"""
+
+
+@pytest.mark.parametrize("argv", [["status"], ["source", "append", "orders", "--csv", "{csv}"], ["peek", "prod", "by_id", "--key", "1"]])
+def test_client_commands_load_neither_spark_nor_the_catalog(server, tmp_path, argv):
+    """Issue 50: `source append` took 4-7 s on a loaded machine, most of it importing
+    storage (the catalog's SQLAlchemy and Alembic, pyarrow.compute and Parquet) for a
+    DDL parser. A client command loads what a client needs (bench/cli_startup_bench.py
+    times them)."""
+    csv_path = tmp_path / "orders.csv"
+    csv_path.write_text("id,region,amount\n7,eu,1.5\n")
+    command = [sys.executable, "-c", CLIENT_ONLY, *(a.format(csv=csv_path) for a in argv), "--address", server.address]
+    run = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=True)
+    assert run.stdout.splitlines()[-1] == "[] 0", run.stdout + run.stderr
 
 
 # --- Dataflows and reads ---------------------------------------------------------------
@@ -581,7 +619,7 @@ def test_events_list_the_latest_and_follow_prints_new_ones_as_they_come(tandem, 
         else:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr("controller.cli.time", types.SimpleNamespace(sleep=poll_later, time=time.time))
+    monkeypatch.setattr("controller.cli._commands.time", types.SimpleNamespace(sleep=poll_later, time=time.time))
     code, out, _ = tandem("events", "--follow", "--limit", "1", "--json")
     assert code == 130 and [json.loads(line)["id"] for line in out.splitlines()] == [2, 3]
     assert api.last("events") == ((None,), {"after": 2, "limit": 1_000})  # from the last id it printed
@@ -596,7 +634,7 @@ def test_status_watch_draws_again_until_interrupted(tandem, api, monkeypatch):
         if len(naps) % 2 == 0:  # two snapshots, then Ctrl-C
             raise KeyboardInterrupt
 
-    monkeypatch.setattr("controller.cli.time", types.SimpleNamespace(sleep=nap, time=time.time))
+    monkeypatch.setattr("controller.cli._commands.time", types.SimpleNamespace(sleep=nap, time=time.time))
     code, out, _ = tandem("status", "prod", "--watch", "--interval", "0.5")
     assert code == 130 and naps == [0.5, 0.5]
     assert out.count("instance prod: healthy") == 2  # not a terminal: one snapshot after another
@@ -604,11 +642,40 @@ def test_status_watch_draws_again_until_interrupted(tandem, api, monkeypatch):
     assert code == 130 and len(naps) == 4 and [json.loads(line)[0]["name"] for line in out.splitlines()] == ["prod", "prod"]
 
 
+def test_status_watch_redraws_in_place_on_a_terminal(tandem, api, monkeypatch):
+    """Issue 50: after a replica kill, old `instance shop: healthy` lines and parts of
+    earlier tables stayed at the top of the terminal, a frame taller than the terminal
+    being redrawn by moving the cursor up. Now each frame is drawn from the top of a
+    screen of its own, cut to its height, and the last is left on the terminal."""
+    from rich.console import Console
+
+    from controller.cli import _commands
+
+    screen = io.StringIO()
+    monkeypatch.setattr(_commands, "_console", lambda: Console(file=screen, force_terminal=True, width=200, height=6))
+    naps = []
+
+    def nap(seconds: float) -> None:
+        naps.append(seconds)
+        if len(naps) == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr("controller.cli._commands.time", types.SimpleNamespace(sleep=nap, time=time.time))
+    code, out, _ = tandem("status", "prod", "--watch")
+    assert code == 130
+    drawn = screen.getvalue()
+    on_screen, _, left = drawn.partition("\x1b[?1049l")  # leaving the screen of its own
+    assert on_screen.startswith("\x1b[?1049h") and on_screen.count("instance prod: healthy") == 3
+    frames = on_screen.split("\x1b[H")[1:]  # each drawn from the top left
+    assert len(frames) >= 3 and all(frame.count("\n") < 6 for frame in frames)  # cut to the height
+    assert left.count("instance prod: healthy") == 1 and "COLLECTION" in left  # the last frame, whole
+
+
 def test_status_and_dataflow_list_say_what_fails(tandem, api, monkeypatch):
     tandem("dataflow", "create", "prod", "kept", "--sql", "SELECT * FROM orders", "--materialize")
     fail_kept(api)
     # This machine's clock, 4.25 s before the retry.
-    monkeypatch.setattr("controller.cli.time", types.SimpleNamespace(time=lambda: 1_700_000_000 - 4.25))
+    monkeypatch.setattr("controller.cli._render.time", types.SimpleNamespace(time=lambda: 1_700_000_000 - 4.25))
 
     code, out, _ = tandem("status", "prod")
 
@@ -623,11 +690,11 @@ def test_status_and_dataflow_list_say_what_fails(tandem, api, monkeypatch):
         "replica r1 failed 3 time(s) in a row, last: refused (STALE_EPOCH): epoch 1 < 2",
     ]
     assert [line.split() for line in lines[9:14]] == [
-        ["DATAFLOW", "REPLICA", "HYDRATED", "STEPS", "LAST_STEP_MS", "ROWS_CHANGED", "ERROR"],
-        ["--------", "-------", "-" * 9, "-----", "------------", "------------", "-" * 16],
-        ["by_id", "r1", "true", "12", "340", "4", "-"],
-        ["kept", "r1", "false", "0", "0", "0", "division", "by", "zero"],
-        ["late", "r1", "3/8", "tasks", "0", "0", "0", "-"],
+        ["DATAFLOW", "REPLICA", "HYDRATED", "STEPS", "LAST_STEP_MS", "ROWS_CHANGED", "STEP_TIMES", "PENDING_TIMES", "PENDING_ROWS", "ERROR"],
+        ["--------", "-------", "-" * 9, "-----", "------------", "------------", "----------", "-------------", "------------", "-" * 16],
+        ["by_id", "r1", "true", "12", "340", "4", "40", "3", "150", "-"],
+        ["kept", "r1", "false", "0", "0", "0", "0", "0", "0", "division", "by", "zero"],
+        ["late", "r1", "3/8", "tasks", "0", "0", "0", "0", "0", "0", "-"],
     ]
     assert lines[15].split() == ["COLLECTION", "ID", "SINCE", "WRITE_FRONTIER", "STALE_MS"]
     (view,) = json.loads(tandem("status", "prod", "--json")[1])
@@ -643,6 +710,9 @@ def test_status_and_dataflow_list_say_what_fails(tandem, api, monkeypatch):
         "steps": 12,
         "hydration_tasks_done": 0,
         "hydration_tasks_total": 0,
+        "pending_times": 3,
+        "pending_rows": 150,
+        "last_step_times": 40,
     }
     assert (r1["consecutive_failures"], r1["next_retry_ms"]) == (3, 1_700_000_000_000)
 
@@ -689,17 +759,17 @@ def test_the_address_defaults_to_the_environment(server, capsys, monkeypatch):
     assert "prod" in capsys.readouterr().out
 
 
-def test_serve_hands_its_options_to_the_runtime(monkeypatch, tmp_path):
+def test_serve_hands_its_options_to_the_controller(monkeypatch, tmp_path, capsys):
     calls = []
 
     async def serve(**options):
         calls.append(options)
 
     fake = types.SimpleNamespace(serve=serve)
-    monkeypatch.setitem(sys.modules, "controller.runtime", fake)
-    # `from controller import runtime` finds the package's attribute first, once another
+    monkeypatch.setitem(sys.modules, "controller._serve", fake)
+    # `from controller import _serve` finds the package's attribute first, once another
     # test has imported the real module.
-    monkeypatch.setattr(controller, "runtime", fake, raising=False)
+    monkeypatch.setattr(controller, "_serve", fake, raising=False)
     assert main(["serve", "--data-dir", str(tmp_path), "--listen", "127.0.0.1:7000"]) == 0
     assert main(["serve", "--catalog", "postgresql://db/tandem"]) == 0
     storage_options = [
@@ -709,10 +779,12 @@ def test_serve_hands_its_options_to_the_runtime(monkeypatch, tmp_path):
     assert main(["serve", *storage_options]) == 0
     defaults = {
         "blob_uri": None, "retention_ms": None, "gc_grace_ms": None, "upkeep_interval_ms": None,
-        "security": ServerSecurity(), "http_listen": "127.0.0.1:6876",
+        "security": ServerSecurity(), "http_listen": "127.0.0.1:6876", "keep_replicas": False, "log_level": "warning",
     }
     assert calls == [
-        {"data_dir": tmp_path, "catalog_url": None, "listen": "127.0.0.1:7000", **defaults},
+        # The HTTP port follows the gRPC one: a second controller on another --listen
+        # found 6876 taken.
+        {"data_dir": tmp_path, "catalog_url": None, "listen": "127.0.0.1:7000", **defaults, "http_listen": "127.0.0.1:7001"},
         {
             "data_dir": Path("tandem-data"),
             "catalog_url": "postgresql://db/tandem",
@@ -729,16 +801,26 @@ def test_serve_hands_its_options_to_the_runtime(monkeypatch, tmp_path):
             "upkeep_interval_ms": 250,
             "security": ServerSecurity(),
             "http_listen": "127.0.0.1:6876",
+            "keep_replicas": False,
+            "log_level": "warning",
         },
     ]
     assert main(["serve", "--http-listen", "off"]) == 0
     assert calls[-1]["http_listen"] is None
+    assert main(["serve", "--listen", "127.0.0.1:0", "--keep-replicas", "--log-level", "info"]) == 0
+    assert (calls[-1]["http_listen"], calls[-1]["keep_replicas"], calls[-1]["log_level"]) == ("127.0.0.1:0", True, "info")
+    capsys.readouterr()
+    assert main(["serve", "--listen", "127.0.0.1:65535"]) == 1
+    assert "give --http-listen HOST:PORT" in capsys.readouterr().err
     token = tmp_path / "token"
     token.write_text("s3cret\n")
     assert main(["serve", "--auth-token-file", str(token)]) == 0
     assert calls[-1]["security"] == ServerSecurity(None, token, "s3cret")
+    capsys.readouterr()
     assert main(["serve", "--tls-client-ca", str(token)]) == 1  # a CA without TLS: refused
     assert main(["serve", "--tls-cert", str(token)]) == 1  # a certificate without its key
+    errors = capsys.readouterr().err.splitlines()
+    assert len(errors) == 2 and all(e.startswith("error: INVALID_ARGUMENT: ") for e in errors)  # one prefix
 
 
 def test_serve_help_states_the_runtime_defaults(capsys):

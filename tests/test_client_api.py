@@ -239,8 +239,8 @@ class FakeApi:
             )
         del replicas[name]
 
-    async def resize(self, instance, size, *, timeout_ms=600_000):
-        await self._enter("resize", instance, size, timeout_ms=timeout_ms)
+    async def resize(self, instance, size, *, timeout_ms=600_000, on_timeout="rollback"):
+        await self._enter("resize", instance, size, timeout_ms=timeout_ms, on_timeout=on_timeout)
         self._instance(instance)
         self.replicas[instance] = {
             f"{name}-{size}": ReplicaView(
@@ -655,8 +655,8 @@ def test_replicas_round_trip_and_the_size_rule(client, api):
 
     client.drop_replica("prod", "r4", force=True)
     assert api.last("drop_replica") == (("prod", "r4"), {"force": True})
-    after = client.resize("prod", "medium", timeout_ms=1234)
-    assert api.last("resize") == (("prod", "medium"), {"timeout_ms": 1234})
+    after = client.resize("prod", "medium", timeout_ms=1234, on_timeout="commit")
+    assert api.last("resize") == (("prod", "medium"), {"timeout_ms": 1234, "on_timeout": "commit"})
     assert [r.name for r in after] == ["r1-medium", "r2-medium", "r3-medium"]
     assert after == list(api.replicas["prod"].values())
 
@@ -680,7 +680,7 @@ def failing(view: ReplicaView) -> ReplicaView:
         view,
         errors=("no live executors", "disk full"),
         dataflows={
-            "by_id": DataflowStatusView(True, None, "ab12", 340, 4, 12),
+            "by_id": DataflowStatusView(True, None, "ab12", 340, 4, 12, pending_times=3, pending_rows=150, last_step_times=40),
             "kept": DataflowStatusView(False, "division by zero", "", 0, 0, 0),
             "late": DataflowStatusView(False, None, "", 0, 0, 0, hydration_tasks_done=3, hydration_tasks_total=8),
         },
@@ -1163,7 +1163,7 @@ def test_peek_deadline_follows_its_timeout(client, api, monkeypatch):
     client.query("prod", "SELECT 1", timeout_ms=500)
     client.resize("prod", "large", timeout_ms=60_000)
     client.list_sources()
-    assert seen == [("Peek", 12.0), ("Query", 10.5), ("Resize", 70.0), ("ListSources", 120.0)]
+    assert seen == [("Peek", 12.0), ("Query", 10.5), ("Resize", 250.0), ("ListSources", 120.0)]
 
 
 def test_a_call_the_servers_grpc_stack_cancels_is_unavailable():

@@ -17,6 +17,7 @@ import subprocess
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import grpc
 import pytest
@@ -31,6 +32,7 @@ pytestmark = pytest.mark.spark
 
 SCHEMA = "id BIGINT NOT NULL, region STRING, amount DOUBLE"
 CHROMIUM = shutil.which("chromium")
+ROOT = Path(__file__).resolve().parent.parent
 TOTALS = "select region, sum(amount) as total, count(*) as n from sales group by region"
 
 
@@ -157,6 +159,7 @@ def test_bad_input_gets_the_right_status_and_writes_nothing(cluster):
         (lambda: client.create_dataflow("main", "broken", "select region from"), grpc.StatusCode.INVALID_ARGUMENT),
         (lambda: client.create_dataflow("main", "random", "select id, rand() as r from sales"), grpc.StatusCode.INVALID_ARGUMENT),
         (lambda: client.create_dataflow("main", "clock", "select id, current_timestamp() as t from sales"), grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: client.create_dataflow("main", "some", "select id from sales limit 3"), grpc.StatusCode.INVALID_ARGUMENT),
         (lambda: client.create_dataflow("main", "ghost", "select * from missing_table"), grpc.StatusCode.NOT_FOUND),
         (lambda: client.create_dataflow("main", "badkey", TOTALS, index_key=["nope"]), grpc.StatusCode.INVALID_ARGUMENT),
         (lambda: client.create_dataflow("main", "totals", TOTALS, index_key=["region"]), grpc.StatusCode.ALREADY_EXISTS),
@@ -280,6 +283,7 @@ def test_controller_kill_and_restart_reconciles_replicas(cluster, capsys):
         120,
         "replicas reconciled and in sync",
     )
+    assert after["r1"].epoch >= 2  # killed and respawned earlier: its incarnation goes on, not back to 1
     for name, replica in after.items():
         assert replica.pid == before[name].pid  # the same processes, kept alive
         assert replica.dataflows_built == before[name].dataflows_built  # nothing recomputed
@@ -409,22 +413,47 @@ def _api_status(cluster) -> dict:
 
 
 def test_the_status_page_shows_replicas_lag_plots_and_events_in_a_browser(cluster, tmp_path):
+    """The page as an operator sees it in a real browser. Issue 50: numbers sat under
+    the neighbouring header, times were raw epoch milliseconds, an index and a
+    materialized view were both just "totals", sources were missing, plots had no
+    values. `TANDEM_STATUS_PAGE_PNG=docs/status-page.png` also writes the screenshot
+    there (the README's)."""
     assert CHROMIUM, "the status page test needs Debian's chromium (.ci/run installs it)"
     main_lag = lambda: (status := _api_status(cluster)) and all(len(points) >= 2 for points in status["instances"][0]["lag_history"].values()) and status
     status = wait_until(main_lag, 30, "two lag samples of every collection")
     (instance,) = status["instances"]
     assert [r["name"] for r in instance["replicas"]] == ["r1", "r2"] and instance["lag_history"]
     assert any(e["kind"] == "took_over" for e in status["events"])
+    (sales,) = [s for s in status["sources"] if s["name"] == "sales"]
+    assert "retention window" in [h["holder"] for h in sales["holds"]]
+    assert {"kind": "index", "dataflow": "totals_index"} in instance["kinds"].values()
 
     page = f"http://{cluster['controller'].metrics_address}/"
     dom = _chromium(page, "--dump-dom")
     assert 'data-replica="r1"' in dom and 'data-replica="r2"' in dom, dom[-2_000:]
     assert dom.count('class="lag-plot"') == len(instance["collections"])
     assert re.search(r'<polyline points="[\d.]+,[\d.]+ [\d.]+,[\d.]+', dom)  # a line through the samples
+    assert re.search(r"<circle [^>]*><title>[^<]+ UTC \([^)]+\): \w+ \d+ (ms|s) behind the clock</title>", dom)  # values on hover
     assert 'data-kind="took_over"' in dom and 'data-dataflow="totals"' in dom
+    # Numbers right-aligned under right-aligned headers; times readable; kinds named.
+    assert '<th class="num">incarnation</th>' in dom and '<th class="num">behind clock</th>' in dom
+    assert '<th class="num">steps</th>' in dom and '<td class="num">' in dom
+    assert '<th class="num">times pending</th>' in dom and '<th class="num">rows pending</th>' in dom  # the backlog
+    rows = re.findall(r'<tr data-collection-row="[^"]+">(.*?)</tr>', dom)
+    assert len(rows) == len(instance["collections"]) and all(" UTC</span>" in row for row in rows)
+    assert any("<td class=\"\">materialized view</td>" in row for row in rows) and any("<td class=\"\">index</td>" in row for row in rows)
+    assert not re.search(r"\b1\d{12}\b(?! ms since)", re.sub(r'title="[^"]*"', "", dom.split("<script>")[0]))  # no raw epoch ms shown
+    assert 'data-source="sales"' in dom and "retention window at" in dom
+    # One self-contained file: nothing loaded from elsewhere.
+    raw = (ROOT / "controller" / "status_page.html").read_text()
+    assert "<link" not in raw and "<script src" not in raw and "<img" not in raw
+    assert set(re.findall(r"https?://[^\s\"'`]+", raw)) <= {"http://www.w3.org/2000/svg", "http://${r.metrics_address}/metrics"}
+
     screenshot = tmp_path / "status-page.png"
     _chromium(page, f"--screenshot={screenshot}", "--window-size=1280,1500", "--hide-scrollbars")
     assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and screenshot.stat().st_size > 20_000
+    if os.environ.get("TANDEM_STATUS_PAGE_PNG"):
+        shutil.copyfile(screenshot, os.environ["TANDEM_STATUS_PAGE_PNG"])
 
 
 def test_a_second_controller_fences_the_first(cluster):

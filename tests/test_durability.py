@@ -12,6 +12,7 @@ replicas would find their input compacted away).
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import time as pytime
 from concurrent.futures import Future
@@ -133,14 +134,15 @@ def test_replicas_are_allowed_to_compact_only_what_is_recorded(tmp_path):
 
     async def run() -> None:
         controller = _controller(tmp_path)
-        gate = asyncio.Event()
+        # A thread's event, not the loop's: a write still waiting when the driver stops
+        # (its stop joins the writers on the loop's thread) must not need the loop.
+        gate = threading.Event()
         record = controller._record
 
         def slow(effects):
-            asyncio.run_coroutine_threadsafe(gate.wait(), loop).result()
+            gate.wait()
             record(effects)
 
-        loop = asyncio.get_running_loop()
         controller._record = slow
         source = controller.storage.create_source("s", SCHEMA)
         controller.catalog.create_instance("main")

@@ -104,6 +104,7 @@ NOT_INCREMENTAL = {
     "SELECT id FROM t a WHERE EXISTS (SELECT * FROM t b WHERE b.id = a.id AND b.k <> a.k AND b.n <> a.n)": "one <>",
     "SELECT id FROM t WHERE NOT EXISTS (SELECT * FROM u WHERE u.id = t.id OR u.y = t.n)": "linked by",
     "SELECT id FROM t a WHERE EXISTS (SELECT * FROM t b WHERE b.k = a.k AND b.n > a.n)": "only equalities",
+    "SELECT a.k, b.n FROM t a JOIN t b ON a.id = b.id WHERE NOT EXISTS (SELECT * FROM u WHERE u.y = a.n + b.n)": "two columns of one name",
     "SELECT id FROM t WHERE id IN (SELECT id FROM u) OR n > 0": "under OR",
     "SELECT id FROM t WHERE n = (SELECT count(*) FROM u WHERE u.id = t.id)": "left outer join",
     "SELECT k FROM t WHERE x > (SELECT y FROM u WHERE id = 1)": "a subquery",
@@ -384,7 +385,7 @@ def test_an_abandoned_step_keeps_nothing_in_spark(env):
     persisted = lambda: set(session.sparkContext._jsc.getPersistentRDDs().keySet())
     before = persisted()
     recompute = Flow(env, "abandoned", SHAPES["extremes"], "recompute", {"t": reader})
-    output = recompute.maintainer.step(time)
+    output = recompute.maintainer.step([time])
     assert persisted() > before  # the state of the step's recompute
     output.abandon()
     assert persisted() == before

@@ -81,6 +81,7 @@ def populate(url: str) -> None:
         catalog.append_batch(doomed.id, Frontier(0), Frontier(2), NewBatch("u5/b.parquet", 1, 9))
         catalog.drop_source(doomed.id)  # retires its file
         catalog.record_events([NewEvent(1, "main", "replica_failed", "r1 lost its stream", replica="r1")])
+        catalog.begin_reconfiguration("main", size="small", old=["r1"], new=["small_1"], deadline_ms=catalog.now_ms(), on_timeout="rollback")
 
 
 def test_there_is_exactly_one_head() -> None:
@@ -339,3 +340,56 @@ def test_dataflows_from_before_strategies_upgrade_as_recomputed(catalog_url: str
         assert info.description().strategy == "recompute"
     command.downgrade(cli_config(catalog_url), PER_INSTANCE_INDEX_NAMES)
     assert differences(catalog_url) != []  # the models are ahead of this revision again
+
+
+READ_HOLD_OWNERS = "58e69b8e9a58"  # every read hold names its owner
+
+
+def test_existing_holds_get_their_owners_from_their_names_and_the_leaked_ones_are_removable(catalog_url: str) -> None:
+    """Holds recorded before owners existed are classified by their holder names; a
+    dropped dataflow's leaked input hold and a feed of the last controller then count as
+    orphans, which the next controller removes."""
+    previous = ScriptDirectory.from_config(alembic_config()).get_revision(READ_HOLD_OWNERS)
+    command.upgrade(cli_config(catalog_url), previous.down_revision)
+    engine = make_engine(catalog_url)
+    with engine.begin() as connection:
+        connection.execute(Base.metadata.tables["controller_epoch"].update().values(epoch=4))
+    engine.dispose()
+    write_rows(
+        catalog_url,
+        {
+            "collections": [
+                collection("u1", "orders", "source"),
+                collection("u3", "totals", "index", since=None, dropped=True),  # its dataflow dropped
+                collection("u4", "view", "materialized_view"),
+            ],
+            "read_holds": [
+                {"collection_id": "u1", "holder": "tandem/retention", "frontier": 0},
+                {"collection_id": "u1", "holder": "main/u3", "frontier": 0},
+                {"collection_id": "u1", "holder": "subscribe:abc", "frontier": 0},
+                {"collection_id": "u1", "holder": "tool", "frontier": 0},
+                {"collection_id": "u4", "holder": "u2/sink", "frontier": 0},
+            ],
+        },
+    )
+    command.upgrade(cli_config(catalog_url), "head")
+    assert differences(catalog_url) == []
+    with Catalog.open(catalog_url) as catalog:
+        owners = {(h.collection_id, h.holder): str(h.owner) for h in catalog.list_holds()}
+        assert owners == {
+            ("u1", "tandem/retention"): "retention",
+            ("u1", "main/u3"): "dataflow of u3",
+            ("u1", "subscribe:abc"): "feed of controller epoch 4",
+            ("u1", "tool"): "caller",
+            ("u4", "u2/sink"): "dataflow of u4",
+        }
+        catalog.become_controller()
+        removed = catalog.remove_orphaned_holds(frozenset)
+        assert sorted(h.holder for h in removed) == ["main/u3", "subscribe:abc"]
+        assert {h.holder for h in catalog.list_holds()} == {"tandem/retention", "tool", "u2/sink"}
+    command.downgrade(cli_config(catalog_url), previous.down_revision)
+    engine = make_engine(catalog_url)
+    try:
+        assert "owner" not in {c["name"] for c in inspect(engine).get_columns("read_holds")}
+    finally:
+        engine.dispose()

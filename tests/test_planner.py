@@ -348,6 +348,35 @@ def test_nondeterministic_sql_is_refused_by_name(planner, sql, named):
 
 
 @pytest.mark.parametrize(
+    ("sql", "named"),
+    [
+        ("SELECT id FROM sales LIMIT 10", "LIMIT without ORDER BY is nondeterministic"),
+        ("SELECT region, count(*) AS n FROM sales GROUP BY region LIMIT 2", "LIMIT without ORDER BY"),
+        ("SELECT id FROM sales SORT BY amount LIMIT 3", "LIMIT without ORDER BY"),  # each partition alone
+        ("SELECT id FROM sales OFFSET 2", "OFFSET without ORDER BY"),
+        ("SELECT * FROM sales TABLESAMPLE (2 ROWS)", "TABLESAMPLE (n ROWS) is such a LIMIT"),
+        ("SELECT * FROM (SELECT id FROM sales LIMIT 3) JOIN regions", "LIMIT without ORDER BY"),
+        ("SELECT id FROM sales WHERE region IN (SELECT region FROM regions ORDER BY name LIMIT 1)", "inside a subquery expression"),  # its plan cannot be completed
+        ("SELECT id FROM (SELECT id, map('a', amount) AS m FROM sales) ORDER BY m['a'] LIMIT 2", "cannot break ties"),
+    ],
+)
+def test_a_limit_that_replicas_could_cut_differently_is_refused_saying_to_add_order_by(planner, sql, named):
+    assert named in refusal(planner.analyze, sql, TABLES)
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT id FROM sales ORDER BY amount LIMIT 10",
+        "SELECT id, amount FROM sales ORDER BY amount DESC LIMIT 3 OFFSET 1",
+        "SELECT * FROM (SELECT id, region FROM sales WHERE amount > 1 ORDER BY region LIMIT 2) JOIN regions USING (region)",
+    ],
+)
+def test_an_ordered_limit_is_planned(planner, sql):
+    assert planner.analyze(sql, TABLES).not_incremental is not None
+
+
+@pytest.mark.parametrize(
     "sql",
     [
         "SELECT 'rand()' AS `rand`, 'now' AS x, 'current_timestamp()' AS y, id AS `uuid()` "
@@ -361,7 +390,6 @@ def test_nondeterministic_sql_is_refused_by_name(planner, sql, named):
         "SELECT aes_encrypt(note, '0000111122223333', 'ECB') AS e FROM sales",
         "SELECT aes_encrypt(note, '0000111122223333', 'GCM', 'DEFAULT', "
         "unhex('000000000000000000000000')) AS e FROM sales",
-        "SELECT * FROM sales TABLESAMPLE (2 ROWS)",
     ],
 )
 def test_deterministic_sql_that_looks_like_it_is_accepted(planner, sql):

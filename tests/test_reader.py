@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 import os
 import struct
+import threading
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -359,4 +361,35 @@ def test_a_manifest_read_before_a_compaction_plans_reads_of_files_garbage_collec
         source.reader.snapshot(session, t).collect()
     source.reader.refresh(session)
     assert bits(source.reader.snapshot(session, t).toArrow()) == bits(source.storage.read_snapshot(source.id, t))
+    source.reader.close()
+
+
+class _Probed(StorageReader):
+    """A reader that, while it plans a base, asks for its change times from another
+    thread, as the replica's event loop does for heartbeats and peeks, and records how
+    long that took."""
+
+    waits: list[float]
+
+    def _new_base(self, session, batches, through):
+        asked = threading.Thread(target=self.change_times, args=(0, Frontier.empty()), daemon=True)
+        start = time.monotonic()
+        asked.start()
+        asked.join(timeout=10)
+        self.waits.append(time.monotonic() - start)
+        return super()._new_base(session, batches, through)
+
+
+def test_a_base_is_planned_outside_the_reader_lock_the_event_loop_takes(env):
+    """Planning a base lists its batch files (long on an object store with many
+    batches): the reader's lock, which `change_times` takes on the event loop, must not
+    be held meanwhile."""
+    session = env["session"]
+    source = Source(env)
+    source.reader = _Probed(source.storage, source.id)
+    source.reader.waits = []
+    source.append(session, [{"id": 1, "k": "a", "x": 1.0}])
+    t = source.append(session, [{"id": 2, "k": "b", "x": 2.0}])
+    assert _step_rows(source, session, t) == [(1, "a", 1.0, 1), (2, "b", 2.0, 1)]
+    assert len(source.reader.waits) == 1 and source.reader.waits[0] < 5
     source.reader.close()

@@ -18,7 +18,8 @@ from replica_service._arrangement import Arrangement, Version, canonical_sort, d
 from replica_service._dataflow import times_to_compute
 from replica_service._replica import MANIFEST_MAX_AGE_S, manifests_due
 from replica_service._spark import SparkUnavailable, check_reachable, standalone_masters
-from replica_service.dataplane._maintain import _apply, _signed_changes
+from replica_service._arrangement import difference
+from replica_service.dataplane._maintain import _apply
 from storage import DIFF, NegativeCount
 
 ROWS = pa.table(
@@ -83,12 +84,52 @@ def test_compaction_keeps_what_reads_at_or_after_since_need():
     for time in (10, 20, 30):
         arrangement.insert(Version.build(time, ROWS.slice(0, time // 10), ()))
     arrangement.compact(h.Frontier(25))
-    assert [v.time for v in arrangement.versions] == [20, 30]
+    assert arrangement.times == [20, 30]
     assert arrangement.version_at(25).time == 20
     arrangement.compact(h.Frontier(5))  # since never regresses
     assert arrangement.since == h.Frontier(25)
     arrangement.compact(h.Frontier.empty())
-    assert arrangement.versions == []
+    assert arrangement.times == []
+
+
+def test_versions_a_step_computed_at_once_are_kept_as_their_changes_and_read_whole():
+    """A step over several times leaves each time's changes: the versions between the
+    first and the latest are made whole only when read, a few of them kept so, and
+    compaction makes its new first version whole."""
+    from replica_service import _arrangement
+
+    tables = {time: ROWS.slice(0, time // 10) for time in (10, 20, 30, 40, 50, 60)}
+    arrangement = Arrangement("u1", ("region",), h.Frontier(10), h.Frontier(61), [Version.build(10, tables[10], ("region",))])
+    earlier = [(t, difference(tables[t - 10], tables[t])) for t in (20, 30, 40, 50)]
+    arrangement.extend(earlier, Version.build(60, tables[60], ("region",)), difference(tables[50], tables[60]))
+    assert arrangement.times == [10, 20, 30, 40, 50, 60]
+    whole = [t for t in arrangement.times if arrangement.whole_at(t)]
+    assert whole == [10, 60], "the first and the latest are whole, the others their changes"
+    for time in (20, 35, 50):
+        read = arrangement.version_at(time)
+        assert read.time == time // 10 * 10 and read.digest == Version.build(read.time, tables[read.time], ("region",)).digest
+        arrangement.keep(read)
+    assert [t for t in arrangement.times if arrangement.whole_at(t)] == [10, 30, 50, 60][: 2 + _arrangement.CACHED_VERSIONS]
+    assert arrangement.changes_between(20, 40) == earlier[1:3]
+    arrangement.compact(h.Frontier(45))
+    assert arrangement.times == [40, 50, 60] and arrangement.whole_at(40)
+    assert arrangement.version_at(40).digest == Version.build(40, tables[40], ("region",)).digest
+    older = Version.build(20, tables[20], ("region",))
+    lumped = arrangement.changes_between(20, 60, older)  # the versions after 20 were compacted away
+    assert [t for t, _ in lumped] == [40, 50, 60] and lumped[0][1].equals(difference(tables[20], tables[40]))
+    assert arrangement.change_rows(40, 60) == sum(rows.num_rows for _, rows in lumped[1:])
+    with pytest.raises(ValueError, match="first version must be whole"):
+        Arrangement("u2", (), h.Frontier(0), h.Frontier(0)).extend(earlier[:1], Version.build(60, tables[60], ()))
+
+
+def test_changes_by_time_consolidates_each_time_in_difference_order():
+    from replica_service._arrangement import changes_by_time
+
+    updates = pa.table({"k": ["b", "a", "a", "b", "c"], "_diff": [1, 1, -1, 1, 1], "_time": [7, 5, 5, 7, 9]})
+    by_time = changes_by_time(updates)
+    assert [t for t, _ in by_time] == [7, 9], "time 5's updates cancel out"
+    assert by_time[0][1].to_pylist() == [{"k": "b", "_diff": 2}]
+    assert by_time[1][1].equals(difference(None, pa.table({"k": ["c"]})))
 
 
 def test_finishing_filters_orders_slices_and_projects():
@@ -145,12 +186,12 @@ def test_index_changes_turn_the_old_version_into_the_new(old_values, new_values)
     schema = pa.schema([pa.field("v", pa.int64())])
     old = pa.table({"v": sorted(old_values)}, schema=schema)
     new = pa.table({"v": sorted(new_values)}, schema=schema)
-    changes = _signed_changes(old, new)
+    changes = difference(old, new)
     assert changes.num_rows == len(set(old_values) ^ set(new_values)) + sum(
         1 for v in set(old_values) & set(new_values) if old_values.count(v) != new_values.count(v)
     )
-    assert _apply(old, changes, "test", 7).column("v").to_pylist() == sorted(new_values)
-    assert _apply(None, _signed_changes(old.slice(0, 0), new), "test", 7).column("v").to_pylist() == sorted(new_values)
+    assert _apply(old, [changes], "test", 7).column("v").to_pylist() == sorted(new_values)
+    assert _apply(None, [difference(old.slice(0, 0), new)], "test", 7).column("v").to_pylist() == sorted(new_values)
 
 
 def test_a_change_that_retracts_a_missing_row_is_an_error():
@@ -158,7 +199,7 @@ def test_a_change_that_retracts_a_missing_row_is_an_error():
     old = pa.table({"v": [1]}, schema=schema)
     retract_two = pa.table({"v": [2], DIFF: pa.array([-1], pa.int64())})
     with pytest.raises(NegativeCount, match=r"dataflow test at 7: row \{'v': 2\} has net count -1"):
-        _apply(old, retract_two, "test", 7)
+        _apply(old, [retract_two], "test", 7)
 
 
 def test_standalone_master_urls():
@@ -182,17 +223,17 @@ def test_a_master_is_reachable_when_one_of_its_addresses_accepts():
 
 
 def test_a_spark_error_is_reported_by_its_cause_not_by_py4j_or_the_jvm_stack():
-    from replica_service._replica import _spark_error_message
+    from replica_service._steps import spark_error_message
 
     py4j = RuntimeError(
         "An error occurred while calling o1119.localCheckpoint.\n"
         ": org.apache.spark.SparkException: Job aborted due to stage failure: [AGGREGATE_OUT_OF_MEMORY] No enough memory\n"
         "\tat org.apache.spark.scheduler.DAGScheduler.failJobAndIndependentStages(DAGScheduler.scala:2898)\n"
     )
-    assert _spark_error_message(py4j) == "org.apache.spark.SparkException: Job aborted due to stage failure: [AGGREGATE_OUT_OF_MEMORY] No enough memory"
+    assert spark_error_message(py4j) == "org.apache.spark.SparkException: Job aborted due to stage failure: [AGGREGATE_OUT_OF_MEMORY] No enough memory"
     analysis = RuntimeError("[CAST_INVALID_INPUT] The value 'x' of the type \"STRING\" cannot be cast to \"INT\".\n== SQL ==\n")
-    assert _spark_error_message(analysis).startswith("[CAST_INVALID_INPUT]")
-    assert _spark_error_message(RuntimeError("")) == "RuntimeError"
+    assert spark_error_message(analysis).startswith("[CAST_INVALID_INPUT]")
+    assert spark_error_message(RuntimeError("")) == "RuntimeError"
 
 
 def test_a_reader_reads_its_manifest_again_when_its_upper_moves_and_when_it_is_old():

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from catalog import Catalog, CatalogError, default_url
+from catalog import Catalog, CatalogError, _manifest, default_url
 from controller._api import ControllerError
 from controller._orchestrator import Orchestrator
 from controller._upkeep import RETENTION_HOLDER
@@ -162,26 +162,32 @@ def test_an_append_completes_every_other_source_through_its_time(tmp_path):
     asyncio.run(run())
 
 
-def test_an_append_whose_other_sources_cannot_move_is_still_its_own_commit(tmp_path):
-    """The append committed before the other sources move: if moving them fails, the
-    client still gets its timestamp (an error would make it append the rows twice), and
-    the advancer moves them later."""
+def test_an_append_and_the_move_of_the_other_sources_are_one_commit(tmp_path, monkeypatch):
+    """The append and the move of every other source past its time are one transaction
+    (the group commit's): when the catalog fails in the middle of it, nothing is
+    appended, no upper moves, no file is left, and the client gets an error, so
+    appending again cannot double the rows."""
 
     async def run() -> None:
         controller = _controller(tmp_path)
         await controller.create_instance("main")
         for name in ("appended", "idle"):
             await controller.create_source(name, SCHEMA)
+        appended, idle = (controller.catalog.collection_by_name(name).id for name in ("appended", "idle"))
 
-        def unavailable(upper):
+        def unavailable(session, upper):
             raise CatalogError("the catalog is away for a moment")
 
-        controller.catalog.advance_sources = unavailable
+        monkeypatch.setattr(_manifest, "advance_sources", unavailable)
+        with pytest.raises(ControllerError, match="away for a moment"):
+            await controller.append("appended", [{"id": 1}])
+        assert controller.storage.upper(appended) == controller.storage.upper(idle) == Frontier.minimum()
+        assert not controller.catalog.manifest(appended).batches
+        assert not list((tmp_path / "blobs").rglob("*.parquet")), "the refused commit's file is removed"
+        monkeypatch.undo()
         t = await controller.append("appended", [{"id": 1}])
-        appended, idle = (controller.catalog.collection_by_name(name).id for name in ("appended", "idle"))
-        assert controller.storage.upper(appended) == Frontier(t + 1)
+        assert controller.storage.upper(appended) == controller.storage.upper(idle) == Frontier(t + 1)
         assert controller.storage.read_snapshot(appended, t).num_rows == 1
-        assert controller.storage.upper(idle) == Frontier.minimum()
         await _stop(controller)
 
     asyncio.run(run())

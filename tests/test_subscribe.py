@@ -175,9 +175,10 @@ def test_bad_subscriptions_are_refused_and_open_nothing(tmp_path):
                 pass
         assert ended.value.code == "UNAVAILABLE" and "instance main" in ended.value.message
         # The since can move between the check and the hold: the hold is refused then.
-        late = _subscribe.StorageFeed(controller.storage, _subscribe.FeedRequest(id, "s", first, None, True, False))
+        late = _subscribe.StorageFeed(controller.storage, _subscribe.FeedRequest(id, "s", first, None, True, False), controller.open_feeds)
         with pytest.raises(FailedPrecondition, match=f"as of {first}"):
             late.hold()
+        assert not controller.open_feeds()
         assert not [holder for holder, _ in controller.catalog.manifest(id).holds if holder.startswith("subscribe:")]
         await _stop(controller)
 

@@ -17,14 +17,16 @@ Rules of this package:
   them takes executor memory between steps, which joins and aggregations need.
 - **The same bits on every replica.** Incremental aggregates are exact sums, so a
   version does not depend on the path that led to it; a recomputed order-sensitive
-  aggregate reads its inputs in a canonical layout. Outputs are multisets: order never
-  matters until an index sorts a version canonically.
+  aggregate reads its inputs in a canonical layout, and a recomputed LIMIT cuts an order
+  completed by every column. Outputs are multisets: order never matters until an index
+  sorts a version canonically.
 - **Every call blocks** on Spark (py4j): run it on a step thread, never on the event loop.
   Nothing here awaits.
 """
 
 from replica_service.dataplane._incremental import IncrementalDataflow
 from replica_service.dataplane._maintain import Maintainer, StepOutput, maintainer, order_sensitive
+from replica_service.dataplane._orders import unordered_limit
 from replica_service.dataplane._plan import DeltaPlan, NotIncremental, delta_plan
 from replica_service.dataplane._reader import Lease, StorageReader
 from replica_service.dataplane._rows import spark_ddl, spark_type
@@ -44,4 +46,5 @@ __all__ = [
     "order_sensitive",
     "spark_ddl",
     "spark_type",
+    "unordered_limit",
 ]

@@ -51,19 +51,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
+import pyarrow as pa
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from replica_service.dataplane._accumulators import EXTREME_FUNCTIONS, FLOAT_TYPES, accumulators, extreme_name, final
 from replica_service.dataplane._jvm import Jvm
-from replica_service.dataplane._plan import ACC_VIEW, DIFF, AggregateCall, AggregateShape, DeltaPlan
-from replica_service.dataplane._rows import quote
+from replica_service.dataplane._plan import ACC_VIEW, ACCROW, DIFF, TIME, AggregateShape, DeltaPlan
+from replica_service.dataplane._rows import arrow_frame, at_least, is_time, quote, time_frame
 
-_FLOAT_TYPES = ("FLOAT", "DOUBLE")
-_EXTREME_FUNCTIONS = ("min", "max")
-_STATE_FUNCTIONS = (*_EXTREME_FUNCTIONS, "count_distinct")  # not additive accumulators
 # At most this many dirty groups' keys are broadcast to the scan that repairs them (a few
 # MB through the driver); more are joined with the input by a shuffle.
 _BROADCAST_DIRTY = 100_000
@@ -128,10 +127,10 @@ class IncrementalDataflow:
         self.hydrated = False
         shape = plan.aggregate
         self._keys = [f"__k{i}" for i in range(shape.keys)] if shape else []
-        self._stages, self._accumulators = _accumulators(shape) if shape else ([], {})
+        self._stages, self._accumulators = accumulators(shape) if shape else ([], {})
         self._value_arguments = sorted({c.argument for c in shape.calls if c.function == "count_distinct"}) if shape else []
         # Each extreme kept per group, by state column name: (function, argument).
-        self._extremes = {_extreme_name(c): (c.function, c.argument) for c in shape.calls if c.function in _EXTREME_FUNCTIONS} if shape else {}
+        self._extremes = {extreme_name(c): (c.function, c.argument) for c in shape.calls if c.function in EXTREME_FUNCTIONS} if shape else {}
         # The state, once hydrated: accumulators and extremes per group (__k*, then the
         # accumulators' and extremes' names) as a base and an overlay, and, per
         # COUNT(DISTINCT) argument, counts per group and value (__k*, __v, __c).
@@ -152,18 +151,24 @@ class IncrementalDataflow:
 
     # --- Steps ---------------------------------------------------------------------------
 
-    def step(self, time: int, bindings: Mapping[int, Binding], *, whole: bool = False, small: bool = False) -> Step:
-        """The changes at `time`. The first step hydrates: every leaf is read whole at
-        `time` (its `new`), and the changes are the whole output. `whole` (an aggregate
-        query's only) asks for the whole output too: every group's row, read off the
-        step's accumulators. `small`: the step's changes are few (see `_pre`)."""
+    def step(self, times: Sequence[int], bindings: Mapping[int, Binding], *, whole: bool = False, small: bool = False) -> Step:
+        """The changes at each of `times` (ascending; the updates before the first belong
+        to it), each with its `_time`. The first step hydrates, at one time: every leaf
+        is read whole then (its `new`), and the changes are the whole output. `whole`
+        (an aggregate query's only) asks for the whole output at the last time too:
+        every group's row, read off the step's accumulators. `small`: the step's
+        changes are few (see `_pre`)."""
+        assert self.hydrated or len(times) == 1, "a hydration computes one time"
         self.abandon()  # a step that failed before its commit left them
+        # A change before the first time (a time skipped below every read) is the
+        # first time's: the SPJ part's rows exist from the later of their leaves' times.
         pre = self._pre(bindings, small)
+        pre = pre.withColumn(TIME, at_least(TIME, times[0]))
         shape = self.plan.aggregate
         if shape is None:
             assert not whole, "a linear query's whole output is its inputs'"
             return Step(pre, self._mark_hydrated)
-        return self._aggregate_step(time, shape, pre, bindings, whole)
+        return self._aggregate_step(times, shape, pre, bindings, whole)
 
     def _pre(self, bindings: Mapping[int, Binding], small: bool) -> DataFrame:
         """The SPJ part's changes: the full plan while hydrating, else the derivative
@@ -202,7 +207,7 @@ class IncrementalDataflow:
             changes = changes.unionAll(term)
         return changes
 
-    def _aggregate_step(self, time: int, shape: AggregateShape, pre: DataFrame, bindings: Mapping[int, Binding], whole: bool) -> Step:
+    def _aggregate_step(self, times: Sequence[int], shape: AggregateShape, pre: DataFrame, bindings: Mapping[int, Binding], whole: bool) -> Step:
         """One query: the groups' accumulators before and after the change (the state's
         rows and the change's, summed per group), of which the touched groups' old (-1)
         and new (+1) values go through the post-aggregate template. The summed table
@@ -210,10 +215,17 @@ class IncrementalDataflow:
         counts the dirty groups, whose extremes are then recomputed from the input
         (`_repair_sql`).
 
+        A step covering several times computes the same query, and beside it each
+        touched group's accumulators at each time it changed (`_timed`): running sums
+        over the group's times in time order, from its value in the state. Those, not
+        the summed table, give the versions; the summed table still gives the next
+        state (the accumulators at the last time).
+
         The state is a base and an overlay (`_overlay_applies`). A *full* step sums the whole
         state with the change, and its new half is the next base (the overlay merged
         in). An *overlaid* step sums only the touched groups' current rows with the
         change, and their new rows replace theirs in the overlay; the base stays."""
+        time, timed = times[-1], len(times) > 1
         self._bind("__pre", pre)
         overlaid, touched_groups = self._overlay_applies(), 0
         if overlaid:
@@ -231,8 +243,8 @@ class IncrementalDataflow:
                 self._bind("__state", self._sql(self._current_sql(overlay=self._overlay is not None)))
         summed = self.checkpoint(self._sql(self._summed_sql()))
         base_parts = [summed]
-        if self._extremes:
-            self._bind("__grouped", summed)
+        self._bind("__grouped", summed)
+        if self._extremes and not timed:
             dirty = summed.where("__dirty").select(*self._keys)
             dirty_groups = _count(dirty)  # computes (and checkpoints) the grouped table
             repaired = dirty_groups > 0
@@ -246,6 +258,15 @@ class IncrementalDataflow:
                 self._bind("__repaired", base_parts[-1])
             summed = self._sql(self._extremes_sql(repaired))
         self._bind("__summed", summed)
+        summed_values = {}
+        for a in self._value_arguments:
+            if self._values[a] is not None:
+                self._bind(f"__vstate{a}", self._values[a])
+            summed_values[a] = self.checkpoint(self._sql(self._summed_values_sql(a)))
+            self._bind(f"__vsummed{a}", summed_values[a])
+        if timed:
+            summed = self._timed(bindings, base_parts)
+            self._bind("__summed", summed)
         keys = _prefix(", ".join(self._keys))
         accumulators = ", ".join(f"new_{n} AS {n}" for n in (*self._accumulators, *self._extremes))
         every_group = summed
@@ -260,24 +281,20 @@ class IncrementalDataflow:
             if whole or self.plan.ranked is not None:
                 self._bind("__overlay", next_overlay)
                 every_group = summed.unionByName(self._sql(self._untouched_sql()))
-        summed_values = {}
-        for a in self._value_arguments:
-            if self._values[a] is not None:
-                self._bind(f"__vstate{a}", self._values[a])
-            summed_values[a] = self.checkpoint(self._sql(self._summed_values_sql(a)))
-            self._bind(f"__vsummed{a}", summed_values[a])
         if self.plan.ranked is None:
-            self._bind(ACC_VIEW, self._sql(self._versions_sql(time, shape, every_group=False)))
+            self._bind(ACC_VIEW, self._versions(time, shape, every_group=False, timed=timed))
             changes = self._frame(shape.post)
+        elif timed:
+            changes, top = self._ranked_timed_changes(times, shape, every_group)
         else:
             self._bind("__summed", every_group)
-            self._bind(ACC_VIEW, self._sql(self._versions_sql(time, shape, every_group=True)))
+            self._bind(ACC_VIEW, self._versions(time, shape, every_group=True))
             top = self.checkpoint(self._frame(self.plan.ranked))
-            changes = self._ranked_changes(top)
+            changes = self._ranked_changes(top, time)
         output = None
         if whole:
             self._bind("__summed", every_group)
-            self._bind(ACC_VIEW, self._sql(self._versions_sql(time, shape, every_group=True)))
+            self._bind(ACC_VIEW, self._versions(time, shape, every_group=True))
             output = self._frame(shape.post)
 
         # The next state, planned now: the views it reads are this step's only until
@@ -303,6 +320,247 @@ class IncrementalDataflow:
             self.hydrated = True
 
         return Step(changes, commit, output)
+
+    # --- Steps of several times ----------------------------------------------------------
+
+    def _timed(self, bindings: Mapping[int, Binding], base_parts: list[DataFrame]) -> DataFrame:
+        """Bind `__steps` for a step covering several times: per touched group and time
+        it changed, its accumulators after (`new_*`) and before (`old_*`) that time's
+        change, its extremes and distinct counts likewise. Returns the step's grouped
+        table (`__grouped`) with each extreme's new value, which a group's last time
+        gives, or the table as it is without extremes.
+
+        An extreme at a time is the state's moved by the inserts so far, unless a
+        retraction so far reached it: then that (group, time) is dirty and its extreme
+        is recomputed from the input at that time (`_repair_timed_sql`). The checkpoints
+        the next state reads go to `base_parts`."""
+        self._bind("__timed", self._sql(self._timed_sql()))
+        for a in self._value_arguments:
+            self._bind(f"__vdelta{a}", self._sql(self._value_deltas_sql(a)))
+            self._bind(f"__vcount{a}", self._sql(self._distinct_counts_sql(a)))
+        steps = self._sql(self._steps_sql())
+        if not self._extremes:
+            self._bind("__steps", steps)
+            return self._sql("SELECT * FROM __grouped")
+        raw = self.checkpoint(steps)
+        base_parts.append(raw)
+        self._bind("__raw", raw)
+        dirty = raw.where("__dirty").select(*self._keys, TIME)
+        dirty_pairs = _count(dirty)  # computes (and checkpoints) the timed table
+        repaired = dirty_pairs > 0
+        if repaired:
+            self._bind("__dirty", dirty)
+            for leaf in self.plan.leaves:
+                self._bind(leaf.view, bindings[leaf.position].new)
+            self._bind("__full", self._frame(self.plan.full))
+            base_parts.append(self.checkpoint(self._sql(self._repair_timed_sql(broadcast=dirty_pairs <= _BROADCAST_DIRTY))))
+            self._bind("__repaired", base_parts[-1])
+        self._bind("__steps", self._sql(self._timed_extremes_sql(repaired)))
+        return self._sql(self._last_extremes_sql())
+
+    def _timed_sql(self) -> str:
+        """Per group and time of the change: each accumulator's contribution summed
+        (`d_*`), and per extreme the extreme of the values inserted (`ins_*`) and
+        retracted (`ret_*`) then."""
+        key_list = _prefix(", ".join(self._keys))
+        sums = ", ".join(f"sum({expression}) AS d_{name}" for name, expression in self._accumulators.items())
+        extremes = []
+        for name, (function, a) in self._extremes.items():
+            value = _extreme_value(f"__x{a}", self.plan.aggregate.arguments[a])
+            extremes.append(f"{function}(IF({DIFF} > 0, {value}, NULL)) AS ins_{name}, {function}(IF({DIFF} < 0, {value}, NULL)) AS ret_{name}")
+        return f"SELECT {key_list}{TIME}, {sums}{_prefix_comma(extremes)} FROM {self._staged()} GROUP BY {key_list}{TIME}"
+
+    def _steps_sql(self) -> str:
+        """`__steps` before extremes are settled: per touched group and time (`__timed`
+        t, joined with the step's grouped table g for the state's values), the running
+        sums of the group's contributions in time order from its value in the state;
+        per extreme the state's (`st_*`), the inserts' and retractions' so far (`cins_*`,
+        `cret_*`), the state's moved by the inserts (`mov_*`) and whether the group is
+        `__dirty` then; per distinct count, its values made present less those made
+        absent so far, from the state's count (`__vcount`, `__vdelta`). Exact: every
+        running sum is of integers (float chunks are integers held in doubles)."""
+        keys = self._keys
+        partition = f"PARTITION BY {', '.join(f't.{k}' for k in keys)} " if keys else ""
+        running = f"({partition}ORDER BY t.{TIME} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)"
+        columns = [*(f"t.{k}" for k in keys), f"t.{TIME}"]
+        for n in self._accumulators:
+            # A time's contribution is NULL where its values are (a SUM of NULLs): 0, so
+            # that neither the group's running value nor its value before that time
+            # (`old_*`, new less it) is NULL.
+            contribution = f"coalesce(t.d_{n}, 0)"
+            columns += [f"coalesce(g.old_{n}, 0) + sum({contribution}) OVER {running} AS new_{n}", f"{contribution} AS d_{n}"]
+        for name, (function, _) in self._extremes.items():
+            columns += [
+                f"g.old_{name} AS st_{name}",
+                f"{function}(t.ins_{name}) OVER {running} AS cins_{name}",
+                f"{function}(t.ret_{name}) OVER {running} AS cret_{name}",
+            ]
+        if self._extremes:
+            columns.append(f"row_number() OVER ({partition}ORDER BY t.{TIME}) AS __nth")
+            columns.append(f"row_number() OVER ({partition}ORDER BY t.{TIME} DESC) AS __last")
+        source = f"__timed t JOIN __grouped g ON {_matching('t', 'g', keys)}"
+        for a in self._value_arguments:
+            columns += [
+                f"coalesce(x{a}.old_cd{a}, 0) + sum(coalesce(v{a}.__dd, 0)) OVER {running} AS new_cd{a}",
+                f"coalesce(v{a}.__dd, 0) AS __dd{a}",
+            ]
+            source += (
+                f" LEFT JOIN __vcount{a} x{a} ON {_matching('t', f'x{a}', keys)}"
+                f" LEFT JOIN __vdelta{a} v{a} ON {_matching('t', f'v{a}', keys)} AND t.{TIME} = v{a}.{TIME}"
+            )
+        outer = ["*", *(f"new_{n} - d_{n} AS old_{n}" for n in self._accumulators)]
+        outer += [f"new_cd{a} - __dd{a} AS old_cd{a}" for a in self._value_arguments]
+        dirty = []
+        for name, (function, _) in self._extremes.items():
+            moved = f"{'least' if function == 'min' else 'greatest'}(st_{name}, cins_{name})"
+            beyond = "<=" if function == "min" else ">="
+            outer.append(f"{moved} AS mov_{name}")
+            dirty.append(f"(cret_{name} IS NOT NULL AND ({moved} IS NULL OR cret_{name} {beyond} {moved}))")
+        if dirty:
+            outer.append(f"({' OR '.join(dirty)}) AS __dirty")
+        return f"SELECT {', '.join(outer)} FROM (SELECT /*+ BROADCAST(t) */ {', '.join(columns)} FROM {source})"
+
+    def _value_deltas_sql(self, a: int) -> str:
+        """Per group and time of the change: how many values of argument `a` that time
+        made present, less those it made absent (`__dd`), from each value's count in
+        the state (`__vsummed`'s `old_c`) and the change's counts so far."""
+        keys = self._keys
+        key_list = _prefix(", ".join(keys))
+        partition = ", ".join([*(f"v.{k}" for k in keys), "v.__v"])
+        changed = (
+            f"SELECT {key_list}__x{a} AS __v, {TIME}, sum({DIFF}) AS __d FROM __pre WHERE __x{a} IS NOT NULL "
+            f"GROUP BY {key_list}__x{a}, {TIME}"
+        )
+        counted = (
+            f"SELECT /*+ BROADCAST(v) */ {_prefix(', '.join(f'v.{k}' for k in keys))}v.{TIME}, v.__d, "
+            f"s.old_c + sum(v.__d) OVER (PARTITION BY {partition} ORDER BY v.{TIME} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS __c "
+            f"FROM ({changed}) v JOIN __vsummed{a} s ON {_matching('v', 's', keys)} AND v.__v <=> s.__v"
+        )
+        return f"SELECT {key_list}{TIME}, sum(IF(__c > 0, 1, 0) - IF(__c - __d > 0, 1, 0)) AS __dd FROM ({counted}) GROUP BY {key_list}{TIME}"
+
+    def _distinct_counts_sql(self, a: int) -> str:
+        """Per group: its distinct values of argument `a` in the state (`old_cd<a>`)."""
+        key_list = _prefix(", ".join(self._keys))
+        grouping = f" GROUP BY {', '.join(self._keys)}" if self._keys else ""
+        return f"SELECT {key_list}count(IF(old_c > 0, __v, NULL)) AS old_cd{a} FROM __vsummed{a}{grouping}"
+
+    def _repair_timed_sql(self, *, broadcast: bool) -> str:
+        """The extremes of the dirty (group, time) pairs (`__dirty`), recomputed from the
+        input at each pair's time: `__full`'s updates through it, per value summed, and
+        the extremes of the values still there (`_repair_sql`, at several times)."""
+        keys = self._keys
+        pair = [*(f"d.{k}" for k in keys), f"d.{TIME}"]
+        pair_list = ", ".join(pair)
+        hint = "/*+ BROADCAST(d) */ " if broadcast else ""
+        source = "__dirty d"
+        columns = list(pair)
+        for a in sorted({a for _, a in self._extremes.values()}):
+            value = _extreme_value(f"f.__x{a}", self.plan.aggregate.arguments[a])
+            extremes = ", ".join(f"{function}(__v) AS rep_{name}" for name, (function, b) in self._extremes.items() if b == a)
+            columns += [f"r{a}.rep_{name}" for name, (_, b) in self._extremes.items() if b == a]
+            counted = (
+                f"SELECT {hint}{pair_list}, {value} AS __v, sum(f.{DIFF}) AS __c FROM __full f JOIN __dirty d "
+                f"ON {_matching('f', 'd', keys)} AND f.{TIME} <= d.{TIME} WHERE f.__x{a} IS NOT NULL GROUP BY {pair_list}, {value}"
+            )
+            grouping = ", ".join([*keys, TIME])
+            source += (
+                f" LEFT JOIN (SELECT {grouping}, {extremes} FROM ({counted}) WHERE __c > 0 GROUP BY {grouping}) r{a}"
+                f" ON {_matching('d', f'r{a}', keys)} AND d.{TIME} = r{a}.{TIME}"
+            )
+        return f"SELECT {', '.join(columns)} FROM {source}"
+
+    def _timed_extremes_sql(self, repaired: bool) -> str:
+        """`__steps`: the timed table (`__raw`) with each extreme's value after each
+        time (`new_*`: repaired where dirty, else moved) and before it (`old_*`: the
+        state's at the group's first time, else the value after its time before)."""
+        keys = self._keys
+        news = []
+        for name in self._extremes:
+            news.append(f"IF(s.__dirty, r.rep_{name}, s.mov_{name}) AS new_{name}" if repaired else f"s.mov_{name} AS new_{name}")
+        source = "__raw s"
+        if repaired:
+            source += f" LEFT JOIN __repaired r ON {_matching('s', 'r', keys)} AND s.{TIME} = r.{TIME}"
+        partition = f"PARTITION BY {', '.join(keys)} " if keys else ""
+        olds = [f"IF(__nth = 1, st_{name}, lag(new_{name}) OVER ({partition}ORDER BY {TIME})) AS old_{name}" for name in self._extremes]
+        return f"SELECT *, {', '.join(olds)} FROM (SELECT s.*, {', '.join(news)} FROM {source})"
+
+    def _last_extremes_sql(self) -> str:
+        """The step's grouped table with each extreme's new value: a touched group's at
+        its last time in `__steps`, an untouched group's the state's."""
+        keys = self._keys
+        last = f"SELECT {_prefix(', '.join(keys))}{', '.join(f'new_{n}' for n in self._extremes)} FROM __steps WHERE __last = 1"
+        news = ", ".join(f"IF(g.__touched = 1, l.new_{n}, g.old_{n}) AS new_{n}" for n in self._extremes)
+        return f"SELECT /*+ BROADCAST(l) */ g.*, {news} FROM __grouped g LEFT JOIN ({last}) l ON {_matching('g', 'l', keys)}"
+
+    def _ranked_timed_changes(self, times: Sequence[int], shape: AggregateShape, every_group: DataFrame) -> tuple[DataFrame, DataFrame]:
+        """A ranked aggregate's changes at each of several `times` (`__steps` bound), and
+        its top rows at the last (checkpointed).
+
+        The top n rows at a time are the top n of two kinds of candidates: each group
+        the step touched, as of that time (`_as_of_sql`), and the top n of the groups
+        it did not touch, whose rows stay as they were (an untouched group beyond those
+        n has n untouched ones before it at every time). Ranked at every time at once
+        (`DeltaPlan.ranked_timed`): |times| x (touched groups + n) rows. The changes
+        are each time's top rows (+1) less the time's before (-1; before the first,
+        the last step's top)."""
+        self._bind("__vrows", self._versions(times[-1], shape, every_group=False, timed=True))
+        following = [*times[1:], None]
+        self._bind("__times", arrow_frame(self.session, _times_table(times, following)))
+        # Checkpointed, as the untouched groups' top rows below: the ranked template reads
+        # each through a plan of its own (a template over the step's own plan, which
+        # holds the query's attribute ids too, has Spark renew the ids it references).
+        self._bind("__asof", self.checkpoint(self._sql(self._as_of_sql(shape))))
+        self._bind("__summed", every_group.where("__touched = 0"))
+        self._bind(ACC_VIEW, self._versions(times[0], shape, every_group=True))
+        self._bind("__static", self.checkpoint(self._frame(self.plan.ranked_timed).select(f"{ACCROW}.*")))
+        accumulated = [*(f"__k{i}" for i in range(shape.keys)), *(f"__a{i}" for i in range(len(shape.calls)))]
+        self._bind(
+            ACC_VIEW,
+            self._sql(f"SELECT s.*, t.{TIME} FROM __static s CROSS JOIN __times t UNION ALL SELECT {', '.join(accumulated)}, {TIME} FROM __asof"),
+        )
+        top = self.checkpoint(self._frame(self.plan.ranked_timed).drop(ACCROW))
+        self._bind("__top", top)
+        output = [quote(c) for c in top.columns if c != TIME]
+        listed = ", ".join(f"o.{c}" for c in output)
+        changes = self._sql(
+            f"SELECT {listed}, CAST(1 AS BIGINT) AS {DIFF}, o.{TIME} FROM __top o UNION ALL "
+            f"SELECT {listed}, CAST(-1 AS BIGINT) AS {DIFF}, t.__next AS {TIME} FROM __top o JOIN __times t ON o.{TIME} = t.{TIME} WHERE t.__next IS NOT NULL"
+        )
+        if self._top is not None:
+            changes = changes.unionAll(self._top.select("*", F.lit(-1).cast("bigint").alias(DIFF)).crossJoin(time_frame(self.session, times[0])))
+        return changes, top.where(is_time(TIME, times[-1])).drop(TIME)
+
+    def _as_of_sql(self, shape: AggregateShape) -> str:
+        """Every touched group's row (`__k*`, `__a*`) at every time of the step
+        (`__times`) where it exists then: its row after its latest change at or before
+        that time, or, before its first, its row before it. From `__vrows` (its old
+        (-1) and new (+1) rows at each time it changed), each change wrapped in a struct
+        so that "absent after this change" is not taken for "no change yet"."""
+        keys = self._keys
+        values = [*keys, *(f"__a{i}" for i in range(len(shape.calls)))]
+        fields = ", ".join(f"'{v}', {v}" for v in values)
+        row = f"named_struct({fields})"
+        key_list = _prefix(", ".join(keys))
+        changes = (
+            f"SELECT {key_list}{TIME}, 0 AS __probe, named_struct('row', first(IF({DIFF} > 0, {row}, NULL), true)) AS __after, "
+            f"named_struct('row', first(IF({DIFF} < 0, {row}, NULL), true)) AS __before FROM __vrows GROUP BY {key_list}{TIME}"
+        )
+        groups = f"(SELECT DISTINCT {', '.join(keys)} FROM __vrows) k CROSS JOIN " if keys else ""
+        no_change = f"CAST(NULL AS STRUCT<row: STRUCT<{', '.join(f'{v}: {_type}' for v, _type in self._accumulated_types(shape))}>>)"
+        probes = f"SELECT {_prefix(', '.join(f'k.{k}' for k in keys))}t.{TIME}, 1 AS __probe, {no_change} AS __after, {no_change} AS __before FROM {groups}__times t"
+        partition = f"PARTITION BY {', '.join(keys)} " if keys else ""
+        order = f"ORDER BY {TIME}, __probe"
+        chosen = (
+            f"SELECT {key_list}{TIME}, __probe, coalesce("
+            f"last(__after, true) OVER ({partition}{order} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW), "
+            f"first(__before, true) OVER ({partition}{order} ROWS BETWEEN UNBOUNDED PRECEDING AND UNBOUNDED FOLLOWING)).row AS __row "
+            f"FROM ({changes} UNION ALL {probes})"
+        )
+        return f"SELECT __row.*, {TIME} FROM ({chosen}) WHERE __probe = 1 AND __row IS NOT NULL"
+
+    def _accumulated_types(self, shape: AggregateShape) -> list[tuple[str, str]]:
+        """The `__acc` view's user columns and their Spark types."""
+        return [*((f"__k{i}", t) for i, t in enumerate(shape.key_types)), *((f"__a{i}", c.result_type) for i, c in enumerate(shape.calls))]
 
     def rows_bound(self) -> int | None:
         """The rows of state a step reads, as last counted: none for a linear query, one
@@ -368,12 +626,22 @@ class IncrementalDataflow:
             f"LEFT ANTI JOIN __keys c ON {_matching('s', 'c', self._keys)}"
         )
 
-    def _ranked_changes(self, top: DataFrame) -> DataFrame:
-        """The new top rows (+1) and, once hydrated, the old ones (-1)."""
-        changes = top.withColumn(DIFF, F.lit(1).cast("bigint"))
+    def _ranked_changes(self, top: DataFrame, time: int) -> DataFrame:
+        """The new top rows (+1) and, once hydrated, the old ones (-1), at `time`."""
+        at = time_frame(self.session, time)
+        changes = top.select("*", F.lit(1).cast("bigint").alias(DIFF)).crossJoin(at)
         if self._top is not None:
-            changes = changes.unionAll(self._top.withColumn(DIFF, F.lit(-1).cast("bigint")))
+            changes = changes.unionAll(self._top.select("*", F.lit(-1).cast("bigint").alias(DIFF)).crossJoin(at))
         return changes
+
+    def _staged(self) -> str:
+        """The change's rows (`__pre`) with the staged projections its accumulators'
+        contributions read (see `_accumulators`)."""
+        staged = "__pre"
+        for stage in self._stages:
+            columns = ", ".join(f"{expression} AS {name}" for name, expression in stage.items())
+            staged = f"(SELECT *, {columns} FROM {staged})"
+        return staged
 
     def _summed_sql(self) -> str:
         """Per group: each accumulator summed over state and change (`new_*`), over the
@@ -385,10 +653,7 @@ class IncrementalDataflow:
         contributions = ", ".join(f"{expression} AS {name}" for name, expression in self._accumulators.items())
         stored = ", ".join(self._accumulators)
         key_list = _prefix(", ".join(keys))
-        staged = "__pre"
-        for stage in self._stages:
-            columns = ", ".join(f"{expression} AS {name}" for name, expression in stage.items())
-            staged = f"(SELECT *, {columns} FROM {staged})"
+        staged = self._staged()
         extremes_of_state, extremes_of_change, extreme_sums, dirty = [], [], [], []
         for name, (function, a) in self._extremes.items():
             typed_null = f"CAST(NULL AS {self.plan.aggregate.arguments[a]})"
@@ -464,11 +729,22 @@ class IncrementalDataflow:
             f"FROM ({both}) GROUP BY {key_list}__v"
         )
 
-    def _versions_sql(self, time: int, shape: AggregateShape, *, every_group: bool) -> str:
-        """The old (-1) and new (+1) rows of every touched group, with each aggregate's
-        value as `__a<i>`: the view the post-aggregate template reads. With
+    def _versions(self, time: int, shape: AggregateShape, *, every_group: bool, timed: bool = False) -> DataFrame:
+        """`_versions_sql`'s rows, each with its `_time`: at one time, a one-row relation
+        cross joined once (`_rows`: a BIGINT literal's value is inlined in the code
+        Spark generates, so each step would compile anew)."""
+        versions = self._sql(self._versions_sql(time, shape, every_group=every_group, timed=timed))
+        return versions if timed else versions.crossJoin(time_frame(self.session, time))
+
+    def _versions_sql(self, time: int, shape: AggregateShape, *, every_group: bool, timed: bool = False) -> str:
+        """The old (-1) and new (+1) rows of every touched group at `time`, with each
+        aggregate's value as `__a<i>`: the view the post-aggregate template reads. With
         `every_group`, the new row of every group instead: the view a ranked query
-        reads."""
+        reads. `timed`: the rows of every touched group at each time it changed in a
+        step covering several (from `__steps`, `_timed`)."""
+        if timed:
+            selects = [self._rows_sql("__steps g", side, shape, sign=sign, timed=True) for side, sign in (("new", 1), ("old", -1))]
+            return " UNION ALL ".join(selects)
         keys = self._keys
         source = "__summed g"
         for a in self._value_arguments:
@@ -478,30 +754,37 @@ class IncrementalDataflow:
                 f" LEFT JOIN (SELECT {_prefix(', '.join(keys))}{distinct_counts} FROM __vsummed{a}{grouping}) x{a}"
                 f" ON {_matching('g', f'x{a}', keys)}"
             )
-        selects = [self._rows_sql(source, "new", time, shape, sign=1, every_group=every_group)]
+        selects = [self._rows_sql(source, "new", shape, sign=1, time=time, every_group=every_group)]
         if self.hydrated and not every_group:
-            selects.append(self._rows_sql(source, "old", time, shape, sign=-1, every_group=False))
+            selects.append(self._rows_sql(source, "old", shape, sign=-1, time=time))
         return " UNION ALL ".join(selects)
 
-    def _rows_sql(self, source: str, side: str, time: int, shape: AggregateShape, *, sign: int, every_group: bool) -> str:
+    def _rows_sql(
+        self, source: str, side: str, shape: AggregateShape, *, sign: int, time: int | None = None, every_group: bool = False, timed: bool = False
+    ) -> str:
         """The `side` ("new" or "old") row of every touched group (of every group, with
         `every_group`) that exists on that side: a positive multiplicity, or always for a
-        global aggregate (whose sums over nothing are then 0)."""
+        global aggregate (whose sums over nothing are then 0); at `time` (its `_time`
+        joined by `_versions`), or, `timed`, at each time of `__steps` (where every row
+        is a touched group's), with its `_time`."""
         keys = self._keys
+        at = f"g.{TIME}" if timed else f"'{time}'"  # a string literal: see `_versions`
         if keys:
             values = {n: f"g.{side}_{n}" for n in self._accumulators}
             multiplicity = values["__n"]
-            message = f"'negative count in dataflow {_sql_text(self.what)} at {time}: a group has multiplicity ' || {multiplicity}"
+            message = f"'negative count in dataflow {_sql_text(self.what)} at ' || {at} || ': a group has multiplicity ' || {multiplicity}"
             exists = f"CASE WHEN {multiplicity} < 0 THEN raise_error({message}) ELSE {multiplicity} > 0 END"
-            where = f" WHERE {exists}" if every_group else f" WHERE g.__touched = 1 AND {exists}"
+            where = f" WHERE {exists}" if every_group or timed else f" WHERE g.__touched = 1 AND {exists}"
         else:
             values = {n: f"coalesce(g.{side}_{n}, 0)" for n in self._accumulators}
             where = ""
         values.update({n: f"g.{side}_{n}" for n in self._extremes})
+        for a in self._value_arguments:
+            values[f"__cd{a}"] = f"g.{side}_cd{a}" if timed else f"coalesce(x{a}.{side}_cd{a}, 0)"
         finals = [
-            f"CAST({_final(call, values, side)} AS {call.result_type}) AS __a{i}" for i, call in enumerate(shape.calls)
+            f"CAST({final(call, values)} AS {call.result_type}) AS __a{i}" for i, call in enumerate(shape.calls)
         ]
-        columns = [*(f"g.{k}" for k in keys), *finals, f"CAST({sign} AS BIGINT) AS {DIFF}"]
+        columns = [*(f"g.{k}" for k in keys), *finals, f"CAST({sign} AS BIGINT) AS {DIFF}", *([f"{at} AS {TIME}"] if timed else [])]
         return f"SELECT {', '.join(columns)} FROM {source}{where}"
 
     def _mark_hydrated(self) -> None:
@@ -624,207 +907,16 @@ def _prefix_comma(columns: list[str]) -> str:
     return "".join(f", {c}" for c in columns)
 
 
-def _extreme_name(call: AggregateCall) -> str:
-    return f"__{'mn' if call.function == 'min' else 'mx'}{call.argument}"
-
-
 def _extreme_value(x: str, spark_type: str) -> str:
     """The value an extreme compares: a float's -0.0 as 0.0, since the two compare
     equal and which one a MIN or MAX returns would depend on the order of the rows."""
-    return f"IF({x} = 0, abs({x}), {x})" if spark_type in _FLOAT_TYPES else x
+    return f"IF({x} = 0, abs({x}), {x})" if spark_type in FLOAT_TYPES else x
+
+
+def _times_table(times: Sequence[int], following: Sequence[int | None]) -> pa.Table:
+    """A step's times, each with the next (None for the last), as an Arrow table."""
+    return pa.table({TIME: pa.array(times, pa.int64()), "__next": pa.array(following, pa.int64())})
 
 
 def _sql_text(text: str) -> str:
     return text.replace("\\", "\\\\").replace("'", "\\'")
-
-
-# Floating-point values are summed as integers: each finite x is cut into chunks of 24
-# bits, three of its integral part and four of its fraction, each an integer held in a
-# double. Doubles add integers below 2^53 exactly, so the chunk sums are exact (and
-# cheap: plain double sums) for groups of fewer than 2^29 rows; the value is rebuilt
-# from them once, in a fixed order.
-_CHUNK = 2**24
-_FLOAT_CHUNKS = ("i0", "i1", "i2", "f1", "f2", "f3", "f4")
-
-
-def _double(value: float) -> str:
-    """A DOUBLE literal (`16777216.0` alone would be a DECIMAL in Spark SQL)."""
-    return f"{value!r}D"
-
-
-def _floor(y: str) -> str:
-    """floor(y) as a double (Spark's floor of a double is a BIGINT, which overflows);
-    through `rint`, which is exact and cheap (`%` on doubles costs ten times more)."""
-    return f"(rint({y}) - IF(rint({y}) > {y}, 1D, 0D))"
-
-
-def _float_chunks(x: str, a: int) -> tuple[list[dict[str, str]], dict[str, str]]:
-    """The seven chunks of the double `x` (argument `a`), when finite: x = i2*2^48 +
-    i1*2^24 + i0 + f1*2^-24 + f2*2^-48 + f3*2^-72 + f4*2^-96, with i0, i1, f2, f3, f4 in
-    [0, 2^24) and f1 in [-2^24, 2^24) (bits below 2^-96, about 1e-29, are dropped:
-    rounded down). `x` is cut into its truncated integral part and its fraction (both
-    exact), then each chunk is the difference of two floors of a part scaled by powers
-    of two, all exact in doubles. Returned as staged projections (each stage's columns,
-    SQL over the columns before it) and the chunks over them: inlined, the SQL repeats
-    `x` hundreds of times (measured: a 10M-row hydration took 59 s inlined, 0.9 s
-    staged; Spark keeps a projection whose columns are read more than once)."""
-    c = _double(float(_CHUNK))
-    d, whole, fraction = f"__d{a}", f"__w{a}", f"__fr{a}"
-    floors = {  # floor(whole * 2^p) for p = -48, -24; floor(fraction * 2^p) for p = 24 .. 96
-        f"__g{a}_{i}": _floor(f"{whole if power < 0 else fraction} * {_double(2.0**power)}")
-        for i, power in enumerate((-48, -24, 24, 48, 72, 96))
-    }
-    stages = [
-        {d: f"CAST({x} AS DOUBLE)"},
-        {
-            whole: f"IF(abs(rint({d})) > abs({d}), rint({d}) - signum({d}), rint({d}))",
-            f"__fin{a}": f"(NOT isnan({d}) AND abs({d}) != CAST('Infinity' AS DOUBLE))",
-        },
-        {fraction: f"{d} - {whole}"},  # in (-1, 1), the sign of x
-        floors,
-    ]
-    high, low, f1, f2, f3, f4 = floors
-    chunks = {
-        "i2": high,
-        "i1": f"{low} - {high} * {c}",
-        "i0": f"{whole} - {low} * {c}",
-        "f1": f1,
-        "f2": f"{f2} - {f1} * {c}",
-        "f3": f"{f3} - {f2} * {c}",
-        "f4": f"{f4} - {f3} * {c}",
-    }
-    return stages, {name: f"IF(__fin{a}, {chunk}, 0D)" for name, chunk in chunks.items()}
-
-
-def _from_chunks(sums: Mapping[str, str]) -> str:
-    """The double of summed chunks: the integral chunks added first (exactly, below
-    2^53), then the fraction, smallest chunk first; deterministic, and within an ulp or
-    two of the exact sum."""
-    whole = f"(({sums['i2']}) * {_double(float(_CHUNK**2))} + ({sums['i1']}) * {_double(float(_CHUNK))}) + ({sums['i0']})"
-    fraction = " + ".join(
-        f"({sums[name]}) / {_double(float(_CHUNK**power))}" for power, name in ((4, "f4"), (3, "f3"), (2, "f2"), (1, "f1"))
-    )
-    return f"(({whole}) + ({fraction}))"
-
-
-def _decimal_type(spark_type: str) -> tuple[int, int]:
-    precision, scale = (int(p) for p in spark_type[len("DECIMAL(") : -1].split(","))
-    return precision, scale
-
-
-_DECIMAL_CHUNK = 10**9
-
-
-def _decimal_chunks(x: str, a: int, precision: int, scale: int) -> tuple[list[dict[str, str]], list[str]]:
-    """The unscaled value u of the DECIMAL `x` (argument `a`) cut into base-10^9 digits:
-    u = sum(c_k * 10^(9k)), every c_k in [0, 10^9) but the last (u's sign is there), each
-    a BIGINT whose sum over 9e9 rows cannot overflow. Exact: `x * 10^scale` is an
-    integer, which Spark keeps whole in 38 - min(scale, 6) digits when precision +
-    min(scale, 6) > 38 (a larger value fails the step loudly, an ANSI overflow; Spark's
-    own sum of such a column overflows beyond 38 - scale digits). Returned as staged
-    projections (each digit's quotient is the next stage's input) and the chunks over
-    them."""
-    count = -(-precision // 9)
-    quotients = [f"__u{a}_{k}" for k in range(count)]
-    stages = [{quotients[0]: f"CAST({x} * CAST({10**scale} AS DECIMAL({scale + 1},0)) AS DECIMAL(38,0))"}]
-    for k in range(1, count):
-        q = quotients[k - 1]
-        stages.append({quotients[k]: f"CAST(({q} - pmod({q}, {_DECIMAL_CHUNK})) / {_DECIMAL_CHUNK} AS DECIMAL(38,0))"})
-    chunks = [f"CAST(pmod({q}, {_DECIMAL_CHUNK}) AS BIGINT)" for q in quotients[:-1]] + [f"CAST({quotients[-1]} AS BIGINT)"]
-    return stages, chunks
-
-
-def _accumulators(shape: AggregateShape) -> tuple[list[dict[str, str]], dict[str, str]]:
-    """The additive accumulators kept per group, by name, each as one row's contribution
-    (a group's accumulator is their sum): `__n` and, per argument, what its aggregates
-    need. Machine words wherever that stays exact (Spark sums BIGINTs and doubles ten
-    times faster than wide DECIMALs). Returned with the staged projections the
-    contributions read (each stage's columns, SQL over the pre-aggregate columns and
-    the stages before it)."""
-    stages: list[dict[str, str]] = []
-    contributions: dict[str, str] = {"__n": DIFF}
-    for call in shape.calls:
-        if call.argument is None or call.function in _STATE_FUNCTIONS:
-            continue
-        a = call.argument
-        x = f"__x{a}"
-        contributions[f"__c{a}"] = f"IF({x} IS NOT NULL, {DIFF}, 0)"
-        if call.function == "count":
-            continue
-        if call.input_type in _FLOAT_TYPES:
-            chunk_stages, chunks = _float_chunks(x, a)
-            _merge_stages(stages, chunk_stages)
-            for name, chunk in chunks.items():
-                contributions[f"__{name}_{a}"] = f"{chunk} * {DIFF}"
-            value = f"__d{a}"
-            contributions[f"__nan{a}"] = f"IF(isnan({value}), {DIFF}, 0)"
-            contributions[f"__pinf{a}"] = f"IF({value} = CAST('Infinity' AS DOUBLE), {DIFF}, 0)"
-            contributions[f"__ninf{a}"] = f"IF({value} = CAST('-Infinity' AS DOUBLE), {DIFF}, 0)"
-        elif call.input_type.startswith("DECIMAL") and _decimal_type(call.input_type)[0] <= 18:
-            # The unscaled value fits a BIGINT; cut in two (31 low bits, the rest) so
-            # that their BIGINT sums cannot overflow.
-            _, scale = _decimal_type(call.input_type)
-            unscaled = f"CAST({x} * {10**scale} AS BIGINT)"
-            contributions[f"__sl{a}"] = f"pmod({unscaled}, 2147483648) * {DIFF}"
-            contributions[f"__sh{a}"] = f"(({unscaled} - pmod({unscaled}, 2147483648)) div 2147483648) * {DIFF}"
-        elif call.input_type.startswith("DECIMAL"):
-            chunk_stages, digits = _decimal_chunks(x, a, *_decimal_type(call.input_type))
-            _merge_stages(stages, chunk_stages)
-            for k, digit in enumerate(digits):
-                contributions[f"__dc{a}_{k}"] = f"{digit} * {DIFF}"
-        else:  # integers: a BIGINT sum, overflowing (in ANSI mode, loudly) where Spark's does
-            contributions[f"__s{a}"] = f"CAST({x} AS BIGINT) * {DIFF}"
-    return stages, contributions
-
-
-def _merge_stages(stages: list[dict[str, str]], more: list[dict[str, str]]) -> None:
-    """Add `more`'s columns to `stages`, level by level (arguments' stages run side by side)."""
-    for level, columns in enumerate(more):
-        if level == len(stages):
-            stages.append({})
-        stages[level].update(columns)
-
-
-def _final(call: AggregateCall, values: Mapping[str, str], side: str) -> str:
-    """The aggregate's value on `side` ("new" or "old") as SQL over the accumulators
-    and extremes (`values`: name -> SQL) and the distinct counts, NULL over no values,
-    as Spark's aggregates."""
-    a = call.argument
-    if call.function == "count_rows":
-        return values["__n"]
-    if call.function in _EXTREME_FUNCTIONS:
-        return values[_extreme_name(call)]
-    if call.function == "count_distinct":
-        return f"coalesce(x{a}.{side}_cd{a}, 0)"
-    count = values[f"__c{a}"]
-    if call.function == "count":
-        return count
-    floating = call.input_type in _FLOAT_TYPES
-    if floating:
-        total = (
-            f"CASE WHEN {values[f'__nan{a}']} > 0 OR ({values[f'__pinf{a}']} > 0 AND {values[f'__ninf{a}']} > 0) THEN CAST('NaN' AS DOUBLE) "
-            f"WHEN {values[f'__pinf{a}']} > 0 THEN CAST('Infinity' AS DOUBLE) "
-            f"WHEN {values[f'__ninf{a}']} > 0 THEN CAST('-Infinity' AS DOUBLE) "
-            f"ELSE {_from_chunks({name: values[f'__{name}_{a}'] for name in _FLOAT_CHUNKS})} END"
-        )
-    elif call.input_type.startswith("DECIMAL"):  # its unscaled sum, in BIGINT parts
-        precision, scale = _decimal_type(call.input_type)
-        if f"__sh{a}" in values:
-            unscaled = f"CAST({values[f'__sh{a}']} AS DECIMAL(38,0)) * 2147483648 + {values[f'__sl{a}']}"
-        else:
-            unscaled = " + ".join(
-                f"CAST({values[f'__dc{a}_{k}']} AS DECIMAL(38,0)) * CAST({_DECIMAL_CHUNK**k} AS DECIMAL(38,0))"
-                for k in range(-(-precision // 9))
-            )
-        total = f"CAST(CAST({unscaled} AS STRING) || 'E-{scale}' AS DECIMAL(38,{scale}))"
-    else:
-        total = values[f"__s{a}"]
-    if call.function == "avg":
-        if floating:
-            total = f"({total}) / {count}"
-        elif call.input_type.startswith("DECIMAL"):
-            precision, scale = _decimal_type(call.input_type)
-            total = f"CAST({total} AS DECIMAL({min(38, precision + 10)},{scale})) / CAST({count} AS DECIMAL(20,0))"
-        else:
-            total = f"CAST({total} AS DOUBLE) / {count}"
-    return f"IF({count} = 0, NULL, {total})"

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Union
+from typing import Callable, Iterator, Mapping, Sequence, Union
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -32,49 +32,60 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from history import DataflowDescription
-from storage import DIFF, snapshot_of
-from storage import consolidate as consolidate_updates
-from replica_service._arrangement import Arrangement, Version
+from storage import DIFF, TIME, snapshot_of
+from replica_service._arrangement import Arrangement, Version, changes_by_time, difference, timed_changes
 from replica_service.dataplane._incremental import Binding, IncrementalDataflow, Step
+from replica_service.dataplane._jvm import Jvm
 from replica_service.dataplane._incremental import release as release_checkpoints
 from replica_service.dataplane._plan import DeltaPlan, Leaf, NotIncremental, delta_plan
+from replica_service.dataplane._orders import complete_orders, has_limit
 from replica_service.dataplane._reader import BatchFile, Lease, StorageReader
-from replica_service.dataplane._rows import arrow_frame, canonical, expand, normalized, quote
+from replica_service.dataplane._rows import arrow_frame, canonical, expand, normalized, quote, time_frame
 from replica_service.dataplane._sink import SinkWriter
 
 Input = Union[StorageReader, Arrangement]
 
 
+Changes = list[tuple[int, pa.Table]]
+"""Per time, ascending: the consolidated changes (user columns, `_diff`) from the version
+before, in canonical order (`_arrangement.changes_by_time`)."""
+
+
 @dataclass(slots=True)
 class StepOutput:
-    """What one step computed at `time` (lazy until asked).
+    """What one step computed at each of `times` (lazy until asked).
 
-    `changes(current)` gives the output's changes at `time` as a sink must write them,
-    given the sink's current upper (a recomputed version is diffed against the sink's
-    contents before it); `version(previous)` the whole version (an index's rows). A step
-    ends with `finish` (its state becomes the dataflow's) or, when anything on the way
-    failed or was cancelled, `abandon` (what it kept is released, the state stays).
+    `versions(previous)` gives, from the version before the step, the changes at each
+    time and the whole version at the last (an index's rows); `_changes(current)` the
+    changes a sink must write, each with its `_time`, given the sink's current upper
+    (those at times from it on: another replica, stepping other runs of times, may
+    have written the first; a recomputed version is diffed against the sink's contents
+    before it). A step ends with `finish` (its state becomes the dataflow's) or, when
+    anything on the way failed or was cancelled, `abandon` (what it kept is released,
+    the state stays).
     """
 
-    time: int
-    # Given the previous version: this one, and the rows it changed (`_rows_changed`).
-    _version: Callable[[pa.Table | None], tuple[pa.Table, int]]
+    times: tuple[int, ...]
+    _versions: Callable[[pa.Table | None], tuple[Changes, pa.Table]]
     _changes: Callable[[int], DataFrame]
     _finish: Callable[[], None]
     _abandon: Callable[[], None]
     rows_changed: int = 0
-    _collected: pa.Table | None = None
+    _collected: bool = False
 
-    def version(self, previous: pa.Table | None) -> pa.Table:
-        """The whole version at `time` (blocking; collects the output to this process)."""
-        self._collected, self.rows_changed = self._version(previous)
-        return self._collected
+    def versions(self, previous: pa.Table | None) -> tuple[Changes, pa.Table]:
+        """The changes at each time and the whole version at the last (blocking;
+        collects the output to this process). `rows_changed` then counts the rows
+        inserted and deleted over every time."""
+        changes, table = self._versions(previous)
+        self.rows_changed, self._collected = sum(_rows_changed(c) for _, c in changes), True
+        return changes, table
 
     def write(self, sink: SinkWriter, upper: int) -> None:
-        """Have Spark write the changes at `time` to `sink` and move its upper to
+        """Have Spark write the changes of every time to `sink` and move its upper to
         `upper`. Without an index, `rows_changed` counts the rows written."""
-        written = sink.write(self.time, self._changes, upper)
-        if self._collected is None:
+        written = sink.write(self.times, self._changes, upper)
+        if not self._collected:
             self.rows_changed = max(self.rows_changed, written)
 
     def finish(self) -> None:
@@ -85,7 +96,7 @@ class StepOutput:
 
 
 class Maintainer:
-    """How a dataflow's versions are computed; `step(time)` runs on a step thread."""
+    """How a dataflow's versions are computed; `step(times)` runs on a step thread."""
 
     strategy: str
 
@@ -96,8 +107,14 @@ class Maintainer:
         never queued behind hydrations and recomputes."""
         return False
 
-    def step(self, time: int) -> StepOutput:
+    def step(self, times: Sequence[int]) -> StepOutput:
+        """The versions at `times` (ascending, at most `coverable(times)` of them)."""
         raise NotImplementedError
+
+    def coverable(self, times: Sequence[int]) -> int:
+        """How many of the pending `times` (ascending) one step may compute: a
+        recompute (and a hydration) one, each its own pass over whole inputs."""
+        return 1
 
     def rehearse(self, directory: Path) -> bool:
         """Compute a step over made-up changes and keep nothing (`Incremental.rehearse`);
@@ -173,7 +190,8 @@ class Recompute(Maintainer):
         self.sink_readers = sink_readers
         self.evaluate = evaluate
 
-    def step(self, time: int) -> StepOutput:
+    def step(self, times: Sequence[int]) -> StepOutput:
+        (time,) = times
         full, release = self.evaluate(time)
         shared = bool(self.desc.index_exports) and bool(self.desc.sink_exports)
         if shared:
@@ -183,22 +201,22 @@ class Recompute(Maintainer):
             # built blocks that nothing released.)
             full = full.localCheckpoint(eager=False, storageLevel=StorageLevel.MEMORY_AND_DISK)
 
-        def version(previous: pa.Table | None) -> tuple[pa.Table, int]:
+        def versions(previous: pa.Table | None) -> tuple[Changes, pa.Table]:
             table = full.toArrow()
-            return table, _difference_rows(previous, table)
+            return [(time, difference(previous, table))], table
 
         def changes(current: int) -> DataFrame:
             reader = self.sink_readers[self.desc.sink_exports[0].id]
             reader.refresh(self.session)
             before = None if reader.empty_before(current) else reader.snapshot(self.session, current - 1)
-            return _difference(before, full)
+            return _difference(before, full).crossJoin(time_frame(self.session, time))
 
         def finish() -> None:  # nothing to commit: a recompute keeps no state
             if shared:
                 release_checkpoints([full])
             release()
 
-        return StepOutput(time, version, changes, finish, finish)
+        return StepOutput((time,), versions, changes, finish, finish)
 
 
 def _native(desc: DataflowDescription, session: SparkSession, inputs: Mapping[str, Input], partitions: int | None) -> Evaluate:
@@ -207,16 +225,22 @@ def _native(desc: DataflowDescription, session: SparkSession, inputs: Mapping[st
     When it aggregates in an order-sensitive way (a floating-point sum, say), the inputs
     are laid out canonically first (`_rows.canonical`) and broadcast joins are off in
     the dataflow's session, so the plan and the order of every partial sum are the same
-    on every replica whatever files compaction has merged."""
+    on every replica whatever files compaction has merged. When it keeps the first rows
+    of an order (a LIMIT), ties are broken by every column (`_orders.complete_orders`),
+    so the rows kept at a tie do not depend on the order they were read in either."""
     if partitions is not None:
         session.conf.set("spark.sql.autoBroadcastJoinThreshold", "-1")
+    jvm = Jvm(session._jsparkSession) if has_limit(session.sql(desc.sql)._jdf.queryExecution().analyzed()) else None
 
     def evaluate(time: int) -> tuple[DataFrame, Callable[[], None]]:
         lease = Lease()
         for name, source in inputs.items():
             rows = _rows_at(session, source, time, lease)
             (rows if partitions is None else canonical(rows, partitions)).createOrReplaceTempView(name)
-        return session.sql(desc.sql), lease.release
+        frame = session.sql(desc.sql)
+        if jvm is not None:
+            frame = DataFrame(jvm.dataframe_jdf(complete_orders(jvm, frame._jdf.queryExecution().analyzed())), session)
+        return frame, lease.release
 
     return evaluate
 
@@ -229,11 +253,11 @@ def _from_scratch(desc: DataflowDescription, plan: DeltaPlan, session: SparkSess
     def evaluate(time: int) -> tuple[DataFrame, Callable[[], None]]:
         scratch = Incremental(desc, plan, session, inputs, shuffle_partitions=shuffle_partitions)
         try:
-            changes, _ = scratch.changes(time)
+            changes, _ = scratch.changes([time])
         except BaseException:
             scratch.close()
             raise
-        return expand(changes, [c for c in changes.columns if c != DIFF]), scratch.close
+        return expand(changes, [c for c in changes.columns if c not in (DIFF, TIME)]), scratch.close
 
     return evaluate
 
@@ -254,6 +278,9 @@ SMALL_STEP_MAX_ROWS = 100_000
 # groups 0.85x, 3,000 groups 1.12x, 10,000 groups 1.49x (`bench/step_settings_bench.py`).
 INTERPRETED_MAX_ROWS = 1_000
 
+RANKED_MAX_CANDIDATES = 1_000_000
+"""At most this many candidate rows in one step of a ranked aggregate over several
+times (`Incremental.coverable`): |times| x (touched groups + n), ranked in one pass."""
 REHEARSAL_ROWS = 100
 """How many rows a rehearsal's made-up change retracts, and inserts
 (`Incremental.rehearse`): a small step."""
@@ -295,11 +322,25 @@ class Incremental(Maintainer):
     def light(self) -> bool:
         return self.last_time is not None
 
+    def coverable(self, times: Sequence[int]) -> int:
+        """Every pending time once hydrated (a hydration computes one), but for a
+        ranked aggregate, which ranks |times| x (touched groups + n) candidate rows in
+        one pass: as many times as keep that under RANKED_MAX_CANDIDATES, the touched
+        groups bounded by the input rows changed."""
+        if not self.light:
+            return 1
+        if self.plan.ranked is None:
+            return len(times)
+        for count in range(len(times), 1, -1):
+            if count * (self._changed_rows(times[count - 1]) + 1) <= RANKED_MAX_CANDIDATES:
+                return count
+        return 1
+
     def changes(
-        self, time: int, *, consolidated: bool = True, rehearsal: Mapping[str, BatchFile] | None = None
+        self, times: Sequence[int], *, consolidated: bool = True, rehearsal: Mapping[str, BatchFile] | None = None
     ) -> tuple[DataFrame, Callable[[], None]]:
-        """The output's changes at `time` (lazy), and the commit that keeps the state
-        they imply. Consolidated, unless `consolidated` is False and the query is linear:
+        """The output's changes at each of `times` (lazy, each with its `_time`), and
+        the commit that keeps the state they imply. Consolidated, unless `consolidated` is False and the query is linear:
         then a row retracted and inserted at once may stay as two updates, which readers
         sum anyway, and no shuffle of the changes is paid (a hydration's changes are the
         whole output). Unconsolidated float columns are `normalized` as consolidating
@@ -309,8 +350,8 @@ class Incremental(Maintainer):
         `rehearsal`, an input's change is its made-up batch there (`rehearse`)."""
         self._lease.release()  # a step that ended without its commit held it
         self._lease = lease = Lease()
-        small = self._size_plans(time)
-        step, commit_states = self._step(time, *self._bindings(time, lease, small, rehearsal), small=small)
+        small = self._size_plans(times[-1])
+        step, commit_states = self._step(times, *self._bindings(times, lease, small, rehearsal), small=small)
 
         def commit() -> None:
             for state in self._states():  # the one part that may fail: before any state changes
@@ -322,16 +363,22 @@ class Incremental(Maintainer):
             return _consolidated(step.changes), commit
         return normalized(step.changes), commit
 
-    def step(self, time: int) -> StepOutput:
-        changes, commit = self.changes(time, consolidated=False)
+    def step(self, times: Sequence[int]) -> StepOutput:
+        changes, commit = self.changes(times, consolidated=False)
         shared = bool(self.desc.index_exports) and bool(self.desc.sink_exports)
         if shared:
             changes = changes.persist(StorageLevel.MEMORY_AND_DISK)
 
-        def version(previous: pa.Table | None) -> tuple[pa.Table, int]:
+        def versions(previous: pa.Table | None) -> tuple[Changes, pa.Table]:
             delta = changes.toArrow()
-            names = [n for n in delta.column_names if n != DIFF]
-            return _apply(previous, delta, self.desc.name, time), _rows_changed(consolidate_updates(delta, names))
+            by_time = changes_by_time(delta)
+            parts = [c for _, c in by_time] or [delta.drop_columns([TIME])]  # none: no time changed anything
+            return by_time, _apply(previous, parts, self.desc.name, times[-1])
+
+        def written(current: int) -> DataFrame:
+            """The changes at the times from `current` on (another replica may have
+            written the first ones, having stepped other runs of times)."""
+            return changes if current <= times[0] else changes.where(F.col(TIME) >= current)
 
         def abandon() -> None:  # the step's checkpoints and lease go with the next step or `close`
             if shared:
@@ -341,7 +388,7 @@ class Incremental(Maintainer):
             commit()
             abandon()
 
-        return StepOutput(time, version, lambda current: changes, finish, abandon)
+        return StepOutput(tuple(times), versions, written, finish, abandon)
 
     def rehearse(self, directory: Path) -> bool:
         """Compute a step at the last step's time as if its largest storage input (a
@@ -367,7 +414,7 @@ class Incremental(Maintainer):
         if made_up is None:
             return False
         try:  # a rehearsal cancelled or failed half-way keeps nothing either
-            frame, _ = self.changes(self.last_time, consolidated=False, rehearsal={name: made_up})
+            frame, _ = self.changes([self.last_time], consolidated=False, rehearsal={name: made_up})
             frame.toArrow()
         finally:
             for state in self._states():
@@ -419,18 +466,20 @@ class Incremental(Maintainer):
 
     def _changed_rows(self, time: int) -> int:
         """A bound on the input rows that changed since the last step: the updates of
-        the storage batches in (last, time], and for each index read, both of its
-        versions' rows if it has a new one. Before the first step (a hydration): the
-        updates through `time`, and each index's version at `time`."""
+        the storage batches in (last, time], and for each index read, its version's
+        rows at the last step and its changes since, if it has any. Before the first
+        step (a hydration): the updates through `time`, and each index's version at
+        `time`."""
         rows = 0
         for source in self.inputs.values():
             if isinstance(source, StorageReader):
                 rows += source.change_rows(self.last_time, time)
+            elif self.last_time is None:
+                rows += _version_at(source, time).table.num_rows
             else:
-                new = source.version_at(time)
-                old = None if self.last_time is None else source.version_at(self.last_time)
-                if new is not old:
-                    rows += sum(version.table.num_rows for version in (new, old) if version is not None)
+                changed = source.change_rows(self.last_time, time)
+                if changed:
+                    rows += changed + _version_at(source, self.last_time).table.num_rows
         return rows
 
     def unchanged_through(self, time: int) -> None:
@@ -457,11 +506,11 @@ class Incremental(Maintainer):
         self.state = IncrementalDataflow(self.plan, self.session, self.desc.name)
         self.stages = _stages(self.desc, self.plan, self.session, self.inputs)
         self.last_time, self._bound = None, {}
-        self.changes(time)[1]()  # the state is computed eagerly: no output needed
+        self.changes([time])[1]()  # the state is computed eagerly: no output needed
 
     def _step(
         self,
-        time: int,
+        times: Sequence[int],
         bindings: dict[int, Binding],
         bound: dict[int, Version],
         commits: list[Callable[[], None]],
@@ -469,33 +518,34 @@ class Incremental(Maintainer):
         whole: bool = False,
         small: bool = False,
     ) -> tuple[Step, Callable[[], None]]:
-        """The step at `time` over `bindings` (see `_bindings`), and its commit: the
+        """The step at `times` over `bindings` (see `_bindings`), and its commit: the
         stages' states, then this query's (`changes` cuts their lineage first)."""
-        step = self.state.step(time, bindings, whole=whole, small=small)
+        step = self.state.step(times, bindings, whole=whole, small=small)
 
         def commit() -> None:
             for stage_commit in commits:
                 stage_commit()
             step.commit()
             self._bound.update(bound)
-            self.last_time = time
+            self.last_time = times[-1]
 
         return step, commit
 
     def _bindings(
-        self, time: int, lease: Lease, small: bool, rehearsal: Mapping[str, BatchFile] | None = None
+        self, times: Sequence[int], lease: Lease, small: bool, rehearsal: Mapping[str, BatchFile] | None = None
     ) -> tuple[dict[int, Binding], dict[int, Version], list[Callable[[], None]]]:
-        """Each leaf's binding for a step at `time` (reading bases under `lease`), the
+        """Each leaf's binding for a step at `times` (reading bases under `lease`), the
         index versions bound as new, and the commits of the stages stepped for it (a
         stage's step is planned here, before this query binds its own views, and is as
         `small` as this query's). With `rehearsal`, the changes are made up (`rehearse`)."""
         bindings, bound, commits = {}, {}, []
+        time = times[-1]
         stepped: dict[_Stage, Binding] = {}  # a stage read by several leaves steps once
         for leaf in self.plan.leaves:
             if leaf.stage is not None:
                 stage = self.stages[leaf.position]
                 if stage not in stepped:
-                    stepped[stage], commit = stage.binding(time, lease, small, rehearsal)
+                    stepped[stage], commit = stage.binding(times, lease, small, rehearsal)
                     commits.append(commit)
                 bindings[leaf.position] = stepped[stage]
                 continue
@@ -514,7 +564,7 @@ class Incremental(Maintainer):
             frame = reader.updates(self.session, through, after=after, lease=lease if self._cache else None, made_up=made_up)
             # One call into the JVM (a Column object per name costs ~1 ms each: 17 ms for
             # lineitem's columns, measured, where this takes 3).
-            return frame.selectExpr(*(quote(c) for c in columns), DIFF)
+            return frame.selectExpr(*(quote(c) for c in columns), DIFF, TIME)
 
         last = self.last_time
         if last is None:
@@ -525,18 +575,24 @@ class Incremental(Maintainer):
         return Binding(lambda: updates(time), lambda: updates(last), (lambda: updates(time, last)) if changed else None)
 
     def _index_binding(self, position: int, arrangement: Arrangement, time: int) -> tuple[Binding, Version]:
+        """An index's binding: its version at `time` for a hydration; after it, its
+        version at the last step (each row at that step's time) and its changes since,
+        each at its own version's time (the input through `time` is both)."""
         new = _version_at(arrangement, time)
-        old = self._bound.get(position, new)
-
-        def delta() -> DataFrame:
-            return arrow_frame(self.session, _signed_changes(old.table, new.table))
-
-        binding = Binding(
-            lambda: _signed_frame(self.session, new.table),
-            lambda: _signed_frame(self.session, old.table if position in self._bound else new.table.slice(0, 0)),
-            delta if old is not new else None,
-        )
-        return binding, new
+        old = self._bound.get(position)
+        if old is None:
+            empty = new.table.slice(0, 0)
+            return Binding(lambda: _signed_frame(self.session, new.table, time), lambda: _signed_frame(self.session, empty, time), None), new
+        changes = arrangement.changes_between(old.time, time, old)
+        if not changes:
+            return Binding(lambda: _signed_frame(self.session, old.table, old.time), lambda: _signed_frame(self.session, old.table, old.time), None), new
+        timed = pa.concat_tables([timed_changes(rows, at) for at, rows in changes])
+        before = _signed_table(old.table, old.time).cast(timed.schema)
+        return Binding(
+            lambda: arrow_frame(self.session, pa.concat_tables([before, timed])),
+            lambda: arrow_frame(self.session, before),
+            lambda: arrow_frame(self.session, timed),
+        ), new
 
 
 def _stages(desc: DataflowDescription, plan: DeltaPlan, session: SparkSession, inputs: Mapping[str, Input]) -> dict[int, _Stage]:
@@ -561,35 +617,38 @@ class _Stage:
         self.rows: DataFrame | None = None  # the output at the last step
 
     def binding(
-        self, time: int, lease: Lease, small: bool, rehearsal: Mapping[str, BatchFile] | None = None
+        self, times: Sequence[int], lease: Lease, small: bool, rehearsal: Mapping[str, BatchFile] | None = None
     ) -> tuple[Binding, Callable[[], None]]:
-        """The leaf's binding for a step at `time` (reading bases under the query's
+        """The leaf's binding for a step at `times` (reading bases under the query's
         `lease`; over made-up changes, with `rehearsal`), and the commit keeping the
-        stage's state (to run once the step's output is used)."""
+        stage's state (to run once the step's output is used). Over several times, the
+        leaf's new rows are its old ones and its changes, each at its own time (the
+        whole output at the last time would be every row at that time)."""
         query = self.query
-        bindings, bound, commits = query._bindings(time, lease, small, rehearsal)
+        bindings, bound, commits = query._bindings(times, lease, small, rehearsal)
         if query.light and not any(b.changed for b in bindings.values()):
             rows = self.rows
 
             def unchanged() -> None:
                 for commit in commits:
                     commit()
-                query.unchanged_through(time)
+                query.unchanged_through(times[-1])
 
             return Binding(lambda: rows, lambda: rows, None), unchanged
-        step, commit = query._step(time, bindings, bound, commits, whole=True, small=small)
-        columns = [*self.leaf.columns, DIFF]
+        step, commit = query._step(times, bindings, bound, commits, whole=True, small=small)
+        columns = [*self.leaf.columns, DIFF, TIME]
         # Computed now: that materializes the stage's accumulators (checkpointed as they
         # are computed), which its next state and its output read, whatever the query's
         # own plan skips; and an empty change (a DISTINCT key that stays) costs the
         # query no term.
         delta = query.state.checkpoint(_consolidated(step.changes.toDF(*columns)), eager=True)
-        new = step.output.toDF(*columns)
-        old = self.rows if self.rows is not None else new.limit(0)
+        output = step.output.toDF(*columns)
+        old = self.rows if self.rows is not None else output.limit(0)
+        new = output if len(times) == 1 else old.unionByName(delta)
 
         def commit_stage() -> None:
             commit()
-            self.rows = new
+            self.rows = output
 
         changed = self.rows is None or not delta.isEmpty()
         return Binding(lambda: new, lambda: old, (lambda: delta) if changed else None), commit_stage
@@ -643,7 +702,7 @@ def _view(session: SparkSession, name: str, source: Input) -> None:
 
 
 def _version_schema(arrangement: Arrangement) -> pa.Schema:
-    version = arrangement.versions[-1] if arrangement.versions else None
+    version = arrangement.latest
     if version is None:
         raise RuntimeError(f"index {arrangement.id} has no version yet")
     return version.table.schema
@@ -662,26 +721,13 @@ def _rows_at(session: SparkSession, source: Input, time: int, lease: Lease) -> D
     return arrow_frame(session, _version_at(source, time).table)
 
 
-def _signed_frame(session: SparkSession, table: pa.Table) -> DataFrame:
-    """A version's rows as updates, each with `_diff` 1."""
-    return arrow_frame(session, table.append_column(DIFF, pa.array([1] * table.num_rows, pa.int64())))
+def _signed_table(table: pa.Table, time: int) -> pa.Table:
+    """A version's rows as updates at `time` (user columns, `_time`, `_diff` 1)."""
+    return table.append_column(TIME, pa.array([time] * table.num_rows, pa.int64())).append_column(DIFF, pa.array([1] * table.num_rows, pa.int64()))
 
 
-def _signed_changes(old: pa.Table, new: pa.Table) -> pa.Table:
-    """The updates (user columns, `_diff`) that turn `old` into `new`, consolidated."""
-    signed = pa.concat_tables(
-        [
-            old.append_column(DIFF, pa.array([-1] * old.num_rows, pa.int64())),
-            new.append_column(DIFF, pa.array([1] * new.num_rows, pa.int64())),
-        ]
-    )
-    return consolidate_updates(signed, new.schema.names)
-
-
-def _difference_rows(previous: pa.Table | None, table: pa.Table) -> int:
-    if previous is None:
-        return table.num_rows
-    return _rows_changed(_signed_changes(previous, table))
+def _signed_frame(session: SparkSession, table: pa.Table, time: int) -> DataFrame:
+    return arrow_frame(session, _signed_table(table, time))
 
 
 def _rows_changed(consolidated: pa.Table) -> int:
@@ -706,13 +752,14 @@ def _consolidated(changes: DataFrame) -> DataFrame:
     return changes.groupBy(*columns).agg(F.sum(DIFF).alias(DIFF)).where(f"{DIFF} != 0")
 
 
-def _apply(previous: pa.Table | None, changes: pa.Table, name: str, time: int) -> pa.Table:
-    """`previous` (a version's rows) with `changes` applied (Arrow, in this process: both
-    are bounded by the output). A row retracted more often than it exists is an error."""
-    names = [n for n in changes.column_names if n != DIFF]
-    schema = changes.select(names).schema.append(pa.field(DIFF, pa.int64()))
-    parts = [changes.select([*names, DIFF]).cast(schema)]
+def _apply(previous: pa.Table | None, changes: list[pa.Table], name: str, time: int) -> pa.Table:
+    """`previous` (a version's rows) with `changes` (user columns, `_diff`; at least one
+    table) applied (Arrow, in this process: both are bounded by the output). A row
+    retracted more often than it exists is an error."""
+    names = [n for n in changes[0].column_names if n != DIFF]
+    schema = changes[0].select(names).schema.append(pa.field(DIFF, pa.int64()))
+    parts = [part.select([*names, DIFF]).cast(schema) for part in changes]
     if previous is not None and previous.num_rows:
-        rows = previous.select(names).cast(changes.select(names).schema)
+        rows = previous.select(names).cast(changes[0].select(names).schema)
         parts.insert(0, rows.append_column(DIFF, pa.array([1] * rows.num_rows, pa.int64())).cast(schema))
     return snapshot_of(pa.concat_tables(parts), names, f"dataflow {name} at {time}")

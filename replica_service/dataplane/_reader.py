@@ -162,6 +162,7 @@ class StorageReader:
         self._batches: tuple[BatchFile, ...] = ()
         self._known: dict[str, BatchFile] = {}  # by uri: batch files never change
         self._lock = threading.Lock()
+        self._base_planning = threading.Lock()  # taken before `_lock`, never under it
         self._base: _Base | None = None
         self._shared: _Shared | None = None
         self._closed = False  # no base or shared snapshot is kept any more
@@ -233,12 +234,11 @@ class StorageReader:
             batches = [b for b in self._batches if _overlaps(b, after, through)]
             cache = lease is not None and after is None and not self._closed  # a step still running after the close
             base = self._base if cache else None
-            if cache and (base is None or _stale(base, batches, through)):
-                if self._base is not None:
-                    self._base.retire()
-                base = self._base = self._new_base(session, batches, through)
-            if base is not None:
+            rebuild = cache and (base is None or _stale(base, batches, through))
+            if base is not None and not rebuild:
                 lease._hold(self, base)
+        if rebuild:
+            base = self._rebuilt_base(session, batches, through, lease)
         extra = [made_up] if made_up is not None else []
         if base is not None:
             frame = in_session(base.frame, session)
@@ -355,6 +355,33 @@ class StorageReader:
             return frame  # no filter for Spark to evaluate on every row
         keep = F.col(TIME) <= through
         return frame.where(keep if after is None else keep & (F.col(TIME) > after))
+
+    def _rebuilt_base(self, session: SparkSession, batches: list[BatchFile], through: int, lease: Lease) -> _Base | None:
+        """A new base for a read through `through` of `batches`, held by `lease`, in
+        place of the stale one; None once the reader is closed (read without a base).
+        Planned outside the reader lock, as a shared snapshot is: Spark lists the
+        batches' files while it plans, which on an object store with many batches takes
+        long, and the event loop takes that lock (`change_times`) for its heartbeats
+        and peeks. One base is planned at a time; a step that waited for another's
+        takes it when it serves its read too."""
+        with self._base_planning:
+            with self._lock:
+                current = self._base
+                if self._closed:
+                    return None
+                if current is not None and not _stale(current, batches, through):
+                    lease._hold(self, current)
+                    return current
+            base = self._new_base(session, batches, through)
+            with self._lock:
+                if self._closed:
+                    base.frame.unpersist()  # lazy: nothing was computed or planned over it
+                    return None
+                if self._base is not None:
+                    self._base.retire()
+                self._base = base
+                lease._hold(self, base)
+                return base
 
     def _new_base(self, session: SparkSession, batches: list[BatchFile], through: int) -> _Base:
         """A base of the batches compaction will not merge soon: those older than the

@@ -1,20 +1,30 @@
 """Rows in Spark: the Spark schema of a storage collection, consolidation of updates,
-and the canonical layout that makes order-sensitive aggregates agree across replicas.
+the canonical layout that makes order-sensitive aggregates agree across replicas, and
+times in plans.
+
+A step's times never appear in a plan as BIGINT literals: Spark inlines such a literal's
+value into the code it generates, so a plan holding them compiles new classes at every
+step (14 for an extremes query's step, issue 48). A time is a row instead (`time_frame`,
+cross joined), or a DECIMAL literal, whose value the generated code reads from a
+reference (`at_least`, `is_time`): the code is the same at every time.
 
 Pure DataFrame transformations: nothing here runs a job.
 """
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Sequence
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql import functions as F
-from pyspark.sql.types import DoubleType, FloatType
+from pyspark.sql.types import DecimalType, DoubleType, FloatType
 
-from storage import DIFF, schema_to_ddl
+from storage import DIFF, TIME, schema_to_ddl
+
+_TIME_DECIMAL = DecimalType(20, 0)  # every BIGINT
 
 
 def quote(name: str) -> str:
@@ -46,6 +56,21 @@ def arrow_frame(session: SparkSession, table: pa.Table) -> DataFrame:
     TIMESTAMP_NTZ. `createDataFrame` cuts a table into partitions by row count only, so
     a canonically sorted version gives every replica the same partitions."""
     return session.createDataFrame(table, schema=from_arrow_schema(table.schema, prefer_timestamp_ntz=True))
+
+
+def time_frame(session: SparkSession, time: int) -> DataFrame:
+    """One row, `_time` = `time`: cross joined where a plan needs a time as a value."""
+    return arrow_frame(session, pa.table({TIME: pa.array([time], pa.int64())}))
+
+
+def at_least(column: str, time: int) -> Column:
+    """The time `column`, or `time` where that is later."""
+    return F.greatest(F.col(column).cast(_TIME_DECIMAL), F.lit(Decimal(time)).cast(_TIME_DECIMAL)).cast("bigint")
+
+
+def is_time(column: str, time: int) -> Column:
+    """Whether the time `column` is `time`."""
+    return F.col(column).cast(_TIME_DECIMAL) == F.lit(Decimal(time)).cast(_TIME_DECIMAL)
 
 
 def consolidate(updates: DataFrame, columns: Sequence[str], what: str) -> DataFrame:

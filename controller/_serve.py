@@ -1,0 +1,143 @@
+"""`tandem serve`: a controller in the foreground, until the operator stops it.
+
+Rules:
+- Its addresses are checked before anything starts (no planner JVM, no catalog epoch):
+  an address taken by another process (a second controller, say) is INVALID_ARGUMENT
+  naming the flag that chooses another. Started first, a second controller on the same
+  catalog would have fenced the first before it found its port taken.
+- The log: everything at INFO and above goes to `<data-dir>/logs/controller.log`
+  (appended, each line with the process id); the terminal (stderr) gets `log_level`
+  and above, by default warnings: what an operator must look at. The ready line, on
+  stdout, says where the log is.
+- SIGTERM or SIGINT (Ctrl-C) is the operator's stop: the managed replicas' processes
+  are stopped too, one line each on stdout, unless `keep_replicas`, when the exit names
+  the pids it left and how to re-adopt or stop them. A kill -9 of the controller leaves
+  them for the next controller to reconcile, and so does a fenced controller (its
+  replicas belong to the newer one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from catalog import InvalidArgument, ReplicaInfo
+from controller._api import ControllerError
+from controller._service import ControllerServer
+from controller._upkeep import UpkeepOptions
+from controller.runtime import Controller
+from protocol.security import ServerSecurity
+
+LOG_FORMAT = "%(asctime)s controller[%(process)d] %(levelname)s %(name)s: %(message)s"
+
+
+async def serve(
+    *,
+    data_dir: Path,
+    catalog_url: str | None = None,
+    listen: str = "127.0.0.1:6875",
+    blob_uri: str | None = None,
+    retention_ms: int | None = None,
+    gc_grace_ms: int | None = None,
+    upkeep_interval_ms: int | None = None,
+    security: ServerSecurity = ServerSecurity(),
+    http_listen: str | None = "127.0.0.1:6876",
+    keep_replicas: bool = False,
+    log_level: str = "warning",
+) -> None:
+    """Run a controller until SIGTERM or SIGINT (see the module). An option left None
+    keeps its default (`Controller.start`, `UpkeepOptions`). A bad option, blob location
+    or address raises `ControllerError` before anything runs. `http_listen` serves the
+    status page, `/api/status` and `/metrics` (None: none)."""
+    log_path = _log_to(Path(data_dir).resolve() / "logs" / "controller.log", log_level)
+    given = {"retention_ms": retention_ms, "gc_grace_ms": gc_grace_ms, "interval_ms": upkeep_interval_ms}
+    try:
+        upkeep = UpkeepOptions(**{name: value for name, value in given.items() if value is not None})
+    except InvalidArgument as error:
+        raise ControllerError("INVALID_ARGUMENT", str(error)) from None
+    _check_free(listen, "--listen HOST:PORT")
+    if http_listen is not None:
+        _check_free(http_listen, "--http-listen HOST:PORT, or --http-listen off")
+    controller = await Controller.start(
+        data_dir, catalog_url, blob_uri=blob_uri, upkeep=upkeep, security=security, on_making_class_archive=_say_making_class_archive
+    )
+    try:
+        server = ControllerServer(controller, listen, security)
+    except OSError as error:  # taken since the check
+        await controller.stop()
+        raise ControllerError("INVALID_ARGUMENT", f"{error}; choose another with --listen HOST:PORT") from None
+    await server.start()
+    http = ""
+    if http_listen is not None:
+        try:
+            address = controller.http.start(http_listen)
+            http = f"; status page on http://{address}/, metrics on http://{address}/metrics"
+        except (OSError, ValueError) as error:
+            await server.stop(0)
+            await controller.stop()
+            raise ControllerError("INVALID_ARGUMENT", f"cannot serve HTTP on {http_listen}: {error}; choose another with --http-listen HOST:PORT, or --http-listen off") from None
+    print(f"tandem controller (epoch {controller.epoch}) listening on {server.address}{http}; log in {log_path}", flush=True)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    fenced = asyncio.ensure_future(controller.fenced_event.wait())
+    fenced.add_done_callback(lambda _: stopping.set())
+    await stopping.wait()
+    fenced.cancel()
+    await server.stop(2)
+    if controller.fenced is not None:  # its replicas and catalog belong to the newer controller now
+        await controller.stop()
+        raise ControllerError("UNAVAILABLE", str(controller.fenced))
+    if keep_replicas:
+        for replica in await controller.stop():
+            print(f"left replica {_name(replica)} running (pid {replica.pid}): the next `tandem serve` on this catalog adopts it; `kill -TERM {replica.pid}` stops it", flush=True)
+    else:
+        for replica in await controller.stop(stop_replicas=True):
+            print(f"stopped replica {_name(replica)} (pid {replica.pid})", flush=True)
+
+
+def _say_making_class_archive() -> None:
+    print("making the JVM class archive, once for this Java and Spark install (about a minute); "
+          "every Spark JVM started after it starts in about half the time", file=sys.stderr, flush=True)
+
+
+def _name(replica: ReplicaInfo) -> str:
+    return f"{replica.instance}/{replica.name}"
+
+
+def _log_to(path: Path, terminal_level: str) -> Path:
+    """Log INFO and above (DEBUG too when asked for) to `path`, `terminal_level` and
+    above to stderr; `path`."""
+    level = getattr(logging, terminal_level.upper())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    formatter = logging.Formatter(LOG_FORMAT)
+    to_file = logging.FileHandler(path, encoding="utf-8")
+    to_terminal = logging.StreamHandler(sys.stderr)
+    to_file.setLevel(min(level, logging.INFO))
+    to_terminal.setLevel(level)
+    root = logging.getLogger()
+    root.setLevel(min(level, logging.INFO))
+    for handler in (to_file, to_terminal):
+        handler.setFormatter(formatter)
+        root.addHandler(handler)
+    return path
+
+
+def _check_free(listen: str, flag: str) -> None:
+    """INVALID_ARGUMENT naming `flag` when `listen` ("host:port") cannot be bound now;
+    port 0 (any free port) always can. A malformed address is left to the server that
+    binds it, which says so."""
+    host, _, port = listen.rpartition(":")
+    if not port.isdigit() or int(port) == 0 or int(port) > 65535:
+        return
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind
+            probe.bind((host.strip("[]") or "127.0.0.1", int(port)))
+    except OSError as error:
+        raise ControllerError("INVALID_ARGUMENT", f"cannot listen on {listen}: {error.strerror or error} (another controller?); choose another with {flag}") from None
