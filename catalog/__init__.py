@@ -14,6 +14,7 @@ from catalog._engine import default_url, make_engine
 from catalog._errors import (
     AlreadyExists,
     CatalogError,
+    CompactedAway,
     FailedPrecondition,
     Fenced,
     InvalidArgument,
@@ -60,6 +61,7 @@ __all__ = [
     "CatalogError",
     "CollectionInfo",
     "CollectionKind",
+    "CompactedAway",
     "DataflowInfo",
     "EventInfo",
     "FailedPrecondition",

@@ -33,6 +33,12 @@ class InvalidArgument(CatalogError):
     """The request itself is malformed: a bad name, schema, row, frontier or option."""
 
 
+class CompactedAway(InvalidArgument):
+    """A read of times before a collection's since: compaction merged them, and no
+    retry can bring them back. A replica's dataflow that meets one has fallen behind
+    what the controller holds for it, and needs a new session (`_steps.py`)."""
+
+
 class FailedPrecondition(CatalogError):
     """The request is well formed but the current state refuses it (e.g. in use)."""
 

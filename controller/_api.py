@@ -61,7 +61,8 @@ class DataflowStatusView:
     are the Spark tasks of its first step's jobs so far (both 0 when not known). Its
     backlog there: `pending_times` change times not computed yet, holding
     `pending_rows` input updates (a bound), and `last_step_times` the times its latest
-    step computed in one pass."""
+    step computed in one pass. `retries` counts its rounds in a row that failed for a
+    passing reason (it backs off and retries), `retry_error` the latest's error."""
 
     hydrated: bool
     error: str | None
@@ -74,6 +75,8 @@ class DataflowStatusView:
     pending_times: int = 0
     pending_rows: int = 0
     last_step_times: int = 0
+    retries: int = 0
+    retry_error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

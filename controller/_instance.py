@@ -604,6 +604,13 @@ class ComputeInstance(InstanceHealth):
         # may now be answered by errors.
         if any(d.error is not None for d in response.dataflows):
             effects += self._answer_failed_peeks()
+        stuck = [d for d in response.dataflows if d.needs_new_session is not None and d.id in self.dataflows]
+        if stuck and replica.phase == "active":
+            # Its inputs were compacted past it (it fell behind what the holds keep for
+            # it): no retry of this session can go on, a new one rebuilds at the sinces.
+            name = self.dataflows[stuck[0].id].desc.name
+            replica.session = None
+            effects += self.replica_failed(replica.name, replica.epoch, f"dataflow {name} cannot go on: {stuck[0].needs_new_session}")
         return effects
 
     def _note_status(self, replica: ReplicaState, response: StatusResponse) -> None:

@@ -50,6 +50,7 @@ _FAMILIES = {
     "tandem_pending_times": (GaugeMetricFamily, "Change times the dataflow has not computed yet on the replica", _COLLECTION),
     "tandem_pending_rows": (GaugeMetricFamily, "Input updates those pending times hold (a bound)", _COLLECTION),
     "tandem_last_step_times": (GaugeMetricFamily, "Times the dataflow's latest step on the replica computed in one pass", _COLLECTION),
+    "tandem_step_retries": (GaugeMetricFamily, "Rounds in a row the dataflow's steps on the replica failed for a passing reason", _COLLECTION),
 }
 
 
@@ -149,6 +150,7 @@ class ControllerMetrics(LoopCollector):
                         add("tandem_pending_times", (*labels, id), status.pending_times)
                         add("tandem_pending_rows", (*labels, id), status.pending_rows)
                         add("tandem_last_step_times", (*labels, id), status.last_step_times)
+                        add("tandem_step_retries", (*labels, id), status.retries)
                     frontier = replica.frontiers.get(id)
                     if frontier is not None and not frontier.is_empty:
                         add("tandem_write_frontier_ms", (*labels, id), frontier.time)

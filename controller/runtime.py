@@ -814,6 +814,8 @@ def _status_view(status: DataflowStatus) -> DataflowStatusView:
         status.pending_times,
         status.pending_rows,
         status.last_step_times,
+        status.retries,
+        status.retry_error,
     )
 
 

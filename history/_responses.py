@@ -75,6 +75,12 @@ class DataflowStatus:
     computed yet (those a step is computing included), holding `pending_rows` updates
     of its inputs (a bound: every update of the storage batches that hold them);
     `last_step_times` the times its latest step computed in one pass.
+
+    `retries` counts its rounds in a row that failed for a passing reason (a storage or
+    catalog hiccup, a lost executor), `retry_error` the latest one's error; both reset
+    by a round that succeeds. `needs_new_session` says why this session cannot compute
+    it any further (its inputs were compacted past its frontier): the controller
+    rehydrates the replica.
     """
 
     id: str
@@ -90,6 +96,9 @@ class DataflowStatus:
     pending_times: int = 0
     pending_rows: int = 0
     last_step_times: int = 0
+    retries: int = 0
+    retry_error: str | None = None
+    needs_new_session: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

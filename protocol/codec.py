@@ -474,6 +474,9 @@ def _status_to_proto(status: h.StatusResponse) -> pb.StatusResponse:
                 pending_times=d.pending_times,
                 pending_rows=d.pending_rows,
                 last_step_times=d.last_step_times,
+                retries=d.retries,
+                retry_error=d.retry_error,
+                needs_new_session=d.needs_new_session,
             )
             for d in status.dataflows
         ],
@@ -503,6 +506,9 @@ def _status_from_proto(message: pb.StatusResponse) -> h.StatusResponse:
                 d.pending_times,
                 d.pending_rows,
                 d.last_step_times,
+                d.retries,
+                _optional(d, "retry_error"),
+                _optional(d, "needs_new_session"),
             )
             for d in message.dataflows
         ),

@@ -381,7 +381,7 @@ class PeekResponse(_message.Message):
     def __init__(self, uuid: _Optional[str] = ..., rows: _Optional[_Union[PeekRows, _Mapping]] = ..., error: _Optional[_Union[PeekError, _Mapping]] = ..., canceled: _Optional[_Union[PeekCanceled, _Mapping]] = ...) -> None: ...
 
 class DataflowStatus(_message.Message):
-    __slots__ = ("id", "hydrated", "error", "digest", "last_step_ms", "rows_changed", "steps", "digest_time", "hydration_tasks_done", "hydration_tasks_total", "pending_times", "pending_rows", "last_step_times")
+    __slots__ = ("id", "hydrated", "error", "digest", "last_step_ms", "rows_changed", "steps", "digest_time", "hydration_tasks_done", "hydration_tasks_total", "pending_times", "pending_rows", "last_step_times", "retries", "retry_error", "needs_new_session")
     ID_FIELD_NUMBER: _ClassVar[int]
     HYDRATED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -395,6 +395,9 @@ class DataflowStatus(_message.Message):
     PENDING_TIMES_FIELD_NUMBER: _ClassVar[int]
     PENDING_ROWS_FIELD_NUMBER: _ClassVar[int]
     LAST_STEP_TIMES_FIELD_NUMBER: _ClassVar[int]
+    RETRIES_FIELD_NUMBER: _ClassVar[int]
+    RETRY_ERROR_FIELD_NUMBER: _ClassVar[int]
+    NEEDS_NEW_SESSION_FIELD_NUMBER: _ClassVar[int]
     id: str
     hydrated: bool
     error: str
@@ -408,7 +411,10 @@ class DataflowStatus(_message.Message):
     pending_times: int
     pending_rows: int
     last_step_times: int
-    def __init__(self, id: _Optional[str] = ..., hydrated: _Optional[bool] = ..., error: _Optional[str] = ..., digest: _Optional[str] = ..., last_step_ms: _Optional[int] = ..., rows_changed: _Optional[int] = ..., steps: _Optional[int] = ..., digest_time: _Optional[int] = ..., hydration_tasks_done: _Optional[int] = ..., hydration_tasks_total: _Optional[int] = ..., pending_times: _Optional[int] = ..., pending_rows: _Optional[int] = ..., last_step_times: _Optional[int] = ...) -> None: ...
+    retries: int
+    retry_error: str
+    needs_new_session: str
+    def __init__(self, id: _Optional[str] = ..., hydrated: _Optional[bool] = ..., error: _Optional[str] = ..., digest: _Optional[str] = ..., last_step_ms: _Optional[int] = ..., rows_changed: _Optional[int] = ..., steps: _Optional[int] = ..., digest_time: _Optional[int] = ..., hydration_tasks_done: _Optional[int] = ..., hydration_tasks_total: _Optional[int] = ..., pending_times: _Optional[int] = ..., pending_rows: _Optional[int] = ..., last_step_times: _Optional[int] = ..., retries: _Optional[int] = ..., retry_error: _Optional[str] = ..., needs_new_session: _Optional[str] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
     __slots__ = ("heartbeat", "dataflows", "dataflows_kept", "dataflows_built", "pid", "errors", "metrics_address")

@@ -57,7 +57,7 @@ class CollectionView(_message.Message):
     def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., since: _Optional[int] = ..., write_frontier: _Optional[int] = ..., wallclock_lag_ms: _Optional[int] = ...) -> None: ...
 
 class DataflowStatusView(_message.Message):
-    __slots__ = ("hydrated", "error", "digest", "last_step_ms", "rows_changed", "steps", "hydration_tasks_done", "hydration_tasks_total", "pending_times", "pending_rows", "last_step_times")
+    __slots__ = ("hydrated", "error", "digest", "last_step_ms", "rows_changed", "steps", "hydration_tasks_done", "hydration_tasks_total", "pending_times", "pending_rows", "last_step_times", "retries", "retry_error")
     HYDRATED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +69,8 @@ class DataflowStatusView(_message.Message):
     PENDING_TIMES_FIELD_NUMBER: _ClassVar[int]
     PENDING_ROWS_FIELD_NUMBER: _ClassVar[int]
     LAST_STEP_TIMES_FIELD_NUMBER: _ClassVar[int]
+    RETRIES_FIELD_NUMBER: _ClassVar[int]
+    RETRY_ERROR_FIELD_NUMBER: _ClassVar[int]
     hydrated: bool
     error: str
     digest: str
@@ -80,7 +82,9 @@ class DataflowStatusView(_message.Message):
     pending_times: int
     pending_rows: int
     last_step_times: int
-    def __init__(self, hydrated: _Optional[bool] = ..., error: _Optional[str] = ..., digest: _Optional[str] = ..., last_step_ms: _Optional[int] = ..., rows_changed: _Optional[int] = ..., steps: _Optional[int] = ..., hydration_tasks_done: _Optional[int] = ..., hydration_tasks_total: _Optional[int] = ..., pending_times: _Optional[int] = ..., pending_rows: _Optional[int] = ..., last_step_times: _Optional[int] = ...) -> None: ...
+    retries: int
+    retry_error: str
+    def __init__(self, hydrated: _Optional[bool] = ..., error: _Optional[str] = ..., digest: _Optional[str] = ..., last_step_ms: _Optional[int] = ..., rows_changed: _Optional[int] = ..., steps: _Optional[int] = ..., hydration_tasks_done: _Optional[int] = ..., hydration_tasks_total: _Optional[int] = ..., pending_times: _Optional[int] = ..., pending_rows: _Optional[int] = ..., last_step_times: _Optional[int] = ..., retries: _Optional[int] = ..., retry_error: _Optional[str] = ...) -> None: ...
 
 class ReplicaView(_message.Message):
     __slots__ = ("name", "size", "spark_master", "address", "managed", "state", "epoch", "pid", "in_sync", "hydrated", "lag_ms", "peeks_won", "dataflows_kept", "dataflows_built", "resumes", "replays", "errors", "dataflows", "consecutive_failures", "last_failure", "next_retry_ms", "wallclock_lag_ms", "diverged", "slow", "metrics_address")

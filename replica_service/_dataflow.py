@@ -102,6 +102,12 @@ class Dataflow:
     last_step_ms: int = 0
     rows_changed: int = 0  # by the latest step
     last_step_times: int = 0  # the times the latest step computed
+    # Rounds in a row that failed for a passing reason, and the latest one's error.
+    retries: int = 0
+    retry_error: str | None = None
+    # Why this session cannot compute it any further (its inputs were compacted past
+    # its frontier): reported, for the controller to rehydrate the replica.
+    needs_new_session: str | None = None
     # What its next step is expected to take: the last one's time, or after its
     # hydration, its rehearsal's (`Replica._rehearse`).
     expected_step_ms: int = 0

@@ -31,6 +31,7 @@ _FAMILIES = {
     "tandem_replica_pending_times": (GaugeMetricFamily, "Change times the dataflow's inputs reached that it has not computed yet", ["dataflow"]),
     "tandem_replica_pending_rows": (GaugeMetricFamily, "Input updates those pending times hold (a bound)", ["dataflow"]),
     "tandem_replica_last_step_times": (GaugeMetricFamily, "Times the dataflow's latest step computed in one pass", ["dataflow"]),
+    "tandem_replica_step_retries": (GaugeMetricFamily, "Rounds in a row the dataflow's steps failed for a passing reason", ["dataflow"]),
     "tandem_replica_dataflows_kept": (CounterMetricFamily, "Dataflows reconciliation kept", []),
     "tandem_replica_dataflows_built": (CounterMetricFamily, "Dataflows built", []),
     "tandem_replica_heartbeats": (CounterMetricFamily, "Status reports sent", []),
@@ -106,6 +107,7 @@ class ReplicaMetrics(LoopCollector):
                 Sample("tandem_replica_pending_times", name, reported.pending_times),
                 Sample("tandem_replica_pending_rows", name, reported.pending_rows),
                 Sample("tandem_replica_last_step_times", name, reported.last_step_times),
+                Sample("tandem_replica_step_retries", name, reported.retries),
             ]
             if not dataflow.frontier.is_empty:
                 samples.append(Sample("tandem_replica_write_frontier_ms", name, dataflow.frontier.time))

@@ -365,9 +365,9 @@ class Replica(DataflowSteps, Subscriptions):
         since beyond the new as_of or that export's replayed `AllowCompaction`), it has
         computed every time before the new `as_of` (a lagging one would have to read its
         inputs below the new as_of, where nothing holds them any more: jumping its
-        frontier instead would skip their changes for good), it has not failed, and
-        every index it imports is kept too (the history lists dataflows in dependency
-        order).
+        frontier instead would skip their changes for good), it has not failed (nor asked
+        for a new session), and every index it imports is kept too (the history lists
+        dataflows in dependency order).
         """
         replay, connection.replay = connection.replay, None
         wanted = {c.desc.export_ids[0]: c.desc for c in replay if isinstance(c, CreateDataflow)}
@@ -378,6 +378,7 @@ class Replica(DataflowSteps, Subscriptions):
             if (
                 old is not None
                 and old.error is None
+                and old.needs_new_session is None
                 and old.desc.same_definition(desc)
                 and old.desc.as_of <= desc.as_of
                 and desc.as_of <= old.frontier
@@ -547,11 +548,17 @@ class Replica(DataflowSteps, Subscriptions):
                 continue
             try:
                 uppers = await loop.run_in_executor(self._io_pool, self.storage.catalog.uppers, list(self.readers))
-                moved, old = manifests_due(self.readers, uppers, monotonic())
-                await asyncio.gather(*(self._refresh(id) for id in moved | old))
             except Exception as e:  # the catalog is unreachable for a moment: poll again
                 log.warning("polling storage failed: %s", e)
                 continue
+            moved, old = manifests_due(self.readers, uppers, monotonic())
+            due = sorted(moved | old)
+            # One reader's failed manifest read loses only its own wake-ups (its upper has
+            # not moved, so the next round reads it again), not the others'.
+            for id, outcome in zip(due, await asyncio.gather(*(self._refresh(id) for id in due), return_exceptions=True)):
+                if isinstance(outcome, Exception):
+                    log.warning("reading the manifest of %s failed: %s", id, outcome)
+                    moved.discard(id)
             for id, wakeup in self.wakeups.items():
                 if any(source.id in moved for source in self.dataflows[id].desc.imports):
                     wakeup.set()
@@ -694,6 +701,9 @@ class Replica(DataflowSteps, Subscriptions):
                     pending_times=pending_times,
                     pending_rows=pending_rows,
                     last_step_times=dataflow.last_step_times,
+                    retries=dataflow.retries,
+                    retry_error=dataflow.retry_error,
+                    needs_new_session=dataflow.needs_new_session,
                 )
             )
         return StatusResponse(

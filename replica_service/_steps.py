@@ -1,8 +1,10 @@
 """Dataflow steps on a replica: a task per scheduled dataflow computes the next change
 times and runs each step on a worker thread (Spark), then builds index versions (off
 the loop), advances the frontier and reports it. Errors are classified here: a passing
-Spark error rebuilds the dataflow's state and retries, an error in the user's SQL or
-data fails the dataflow alone, a dead JVM ends the process.
+Spark error rebuilds the dataflow's state and retries, a passing storage error backs off
+and retries, an input compacted past the dataflow asks for a new session, an error in the
+user's SQL or data (or a refusal by storage) fails the dataflow alone, a dead JVM ends
+the process (`step_failure`).
 
 `DataflowSteps` holds `Replica`'s methods for them; they run on its event loop and use
 its state (dataflows, step pools, readers, metrics).
@@ -14,13 +16,17 @@ import asyncio
 import logging
 import math
 import os
+from dataclasses import dataclass
 from time import monotonic
+from typing import Literal
 
 import pyarrow as pa
 from py4j.protocol import Py4JNetworkError
 from pyspark.sql import SparkSession
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeout
 
-from catalog import CatalogError
+from catalog import AlreadyExists, CatalogError, CompactedAway, InvalidArgument, NotFound
 from history import Frontier
 from replica_service import _spark
 from replica_service._arrangement import Version
@@ -32,7 +38,56 @@ from storage import DIFF, NegativeCount
 log = logging.getLogger("replica_service._replica")
 
 TRANSIENT_RETRIES = 5
-"""A dataflow whose step fails this many times in a row for a passing reason fails."""
+"""A dataflow whose Spark step fails this many times in a row for a passing reason
+fails (a storage or catalog hiccup is retried for as long as it lasts)."""
+
+STORAGE_RETRY_MAX_S = 5.0
+"""The longest wait between retries of a round that storage or the catalog failed."""
+
+LOG_EVERY_RETRIES = 10
+"""A dataflow retrying logs its first retry and every this many after it."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepFailure:
+    """What a failed round of steps does next: `retry` after `delay_s`, `rebuild` its
+    Spark state and retry after `delay_s`, `fail` the dataflow, or ask for a
+    `new_session` (its inputs are gone where it needs them); `message` says why."""
+
+    action: Literal["retry", "rebuild", "fail", "new_session"]
+    message: str
+    delay_s: float = 0.0
+
+
+def step_failure(error: Exception, retries: int, rebuilds: int, poll_interval_s: float) -> StepFailure:
+    """How a round of steps that raised `error` is handled, after `retries` failed
+    rounds in a row (of which `rebuilds` rebuilt the Spark state).
+
+    - Data the storage holds wrong (a negative count), a refusal of what the step asked
+      (`NotFound`: a dropped sink; `InvalidArgument`: a batch storage will not commit)
+      fail the dataflow: retrying asks the same again.
+    - A read below an input's since (`CompactedAway`) cannot be retried in this session:
+      the controller compacted the input past this replica, which it no longer waits
+      for; a new session rebuilds the dataflow at the current since.
+    - Any other storage or catalog error (an unreachable catalog, a file system
+      hiccup, a read the controller's holds did not cover yet) is retried for as long as
+      it lasts, backing off from the poll interval to `STORAGE_RETRY_MAX_S`.
+    - A passing Spark error (a lost executor, a missing cached block) rebuilds the
+      dataflow's Spark state and retries, at most `TRANSIENT_RETRIES` times in a row.
+    - Anything else is an error in the user's SQL or data: the dataflow fails.
+    """
+    if isinstance(error, NegativeCount):
+        return StepFailure("fail", str(error))
+    if isinstance(error, CompactedAway):
+        return StepFailure("new_session", str(error))
+    if isinstance(error, (NotFound, InvalidArgument, AlreadyExists)):
+        return StepFailure("fail", f"storage refused the step: {error}")
+    if isinstance(error, (OSError, CatalogError, OperationalError, InterfaceError, SQLAlchemyTimeout)):
+        return StepFailure("retry", f"storage failed: {error}", min(poll_interval_s * 2**retries, STORAGE_RETRY_MAX_S))
+    if _is_passing(error) and rebuilds < TRANSIENT_RETRIES:
+        message = f"step failed ({spark_error_message(error)}), rebuilding its state"
+        return StepFailure("rebuild", message, min(2 ** (rebuilds + 1), 30))
+    return StepFailure("fail", spark_error_message(error))
 
 
 class DataflowSteps:
@@ -47,10 +102,13 @@ class DataflowSteps:
             self._release_state(dataflow)
 
     async def _steps(self, dataflow: Dataflow, wakeup: asyncio.Event) -> None:
-        """Step `dataflow` through the times its inputs reach, at each `wakeup`."""
+        """Step `dataflow` through the times its inputs reach, at each `wakeup`. A round
+        that fails is handled as `step_failure` says: retried after a delay (passing
+        errors, shown in the status as retrying), retried with its Spark state rebuilt,
+        or the end of this dataflow here (failed, or in need of a new session)."""
         loop = asyncio.get_running_loop()
         session = None
-        passing_failures = 0
+        rebuilds = 0  # rounds in a row that rebuilt the Spark state
         while True:
             wakeup.clear()
             try:
@@ -70,31 +128,28 @@ class DataflowSteps:
                 if not times and upper > dataflow.frontier and dataflow.last_computed is not None:
                     await self._advance_sinks(dataflow, upper)
                 self._advance(dataflow, upper)
-                passing_failures = 0
+                rebuilds, dataflow.retries, dataflow.retry_error = 0, 0, None
             except Exception as e:
                 if isinstance(e, (Py4JNetworkError, ConnectionError)) or not _spark.jvm_alive():
                     self._lost_jvm({dataflow.id, *self.in_flight})  # a dying JVM raises all sorts
-                if isinstance(e, NegativeCount):  # the stored data is wrong, not the moment
-                    self._fail(dataflow, str(e))
+                failure = step_failure(e, dataflow.retries, rebuilds, self.parameters.input_poll_interval_ms / 1000)
+                if failure.action == "fail":
+                    self._fail(dataflow, failure.message)
                     return
-                if isinstance(e, (OSError, CatalogError)):
-                    # A storage hiccup, a read the controller's holds did not cover yet:
-                    # try again at the next wake-up.
-                    log.warning("dataflow %s: storage read failed, retrying: %s", dataflow.desc.name, e)
-                    await asyncio.sleep(self.parameters.input_poll_interval_ms / 1000)
-                    wakeup.set()
-                elif _is_passing(e) and passing_failures < TRANSIENT_RETRIES:
-                    # Lost executors, missing cached blocks, files gone under an old plan:
-                    # the moment, not the query. Rebuild the dataflow's Spark state and retry.
-                    passing_failures += 1
-                    message = spark_error_message(e)
-                    log.warning("dataflow %s: step failed (%s), rebuilding its state, retry %d", dataflow.desc.name, message, passing_failures)
+                if failure.action == "new_session":
+                    dataflow.needs_new_session = failure.message
+                    log.warning("dataflow %s cannot go on in this session, asking for a new one: %s", dataflow.desc.name, failure.message)
+                    self._notify_progress()
+                    return
+                dataflow.retries, dataflow.retry_error = dataflow.retries + 1, failure.message
+                if failure.action == "rebuild":
+                    rebuilds += 1
                     self._release_state(dataflow)
-                    await asyncio.sleep(min(2**passing_failures, 30))
-                    wakeup.set()
-                else:  # an error in the user's SQL or data: this dataflow fails alone
-                    self._fail(dataflow, spark_error_message(e))
-                    return
+                if dataflow.retries == 1 or dataflow.retries % LOG_EVERY_RETRIES == 0:
+                    log.warning("dataflow %s: %s, retry %d in %.1f s", dataflow.desc.name, failure.message, dataflow.retries, failure.delay_s)
+                self._notify_progress()
+                await asyncio.sleep(failure.delay_s)
+                wakeup.set()
             if dataflow.frontier.is_empty or dataflow.frontier == dataflow.desc.until:
                 return
             await wakeup.wait()  # set by the storage poller or an upstream dataflow

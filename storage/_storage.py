@@ -44,6 +44,7 @@ from catalog import (
     Catalog,
     CatalogError,
     CollectionInfo,
+    CompactedAway,
     FailedPrecondition,
     HoldOwner,
     InvalidArgument,
@@ -439,7 +440,7 @@ class Storage:
         if type(t) is not int or t < 0:
             raise InvalidArgument(f"a time must be a non-negative int, not {t!r}")
         if t < info.since.time:
-            raise InvalidArgument(
+            raise CompactedAway(
                 f"cannot {verb} {info.id} ({info.name}) at {t}: its since is {info.since.time}, "
                 f"so times before it were compacted away"
             )

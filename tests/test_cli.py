@@ -689,14 +689,15 @@ def test_status_and_dataflow_list_say_what_fails(tandem, api, monkeypatch):
         "replica r1 reports: disk full",
         "replica r1 failed 3 time(s) in a row, last: refused (STALE_EPOCH): epoch 1 < 2",
     ]
-    assert [line.split() for line in lines[9:14]] == [
+    assert [line.split() for line in lines[9:15]] == [
         ["DATAFLOW", "REPLICA", "HYDRATED", "STEPS", "LAST_STEP_MS", "ROWS_CHANGED", "STEP_TIMES", "PENDING_TIMES", "PENDING_ROWS", "ERROR"],
-        ["--------", "-------", "-" * 9, "-----", "------------", "------------", "----------", "-------------", "------------", "-" * 16],
+        ["--------", "-------", "-" * 9, "-----", "------------", "------------", "----------", "-------------", "------------", "-" * len("retrying (2): storage failed: disk hiccup")],
         ["by_id", "r1", "true", "12", "340", "4", "40", "3", "150", "-"],
         ["kept", "r1", "false", "0", "0", "0", "0", "0", "0", "division", "by", "zero"],
         ["late", "r1", "3/8", "tasks", "0", "0", "0", "0", "0", "0", "-"],
+        ["stalled", "r1", "true", "5", "80", "0", "0", "0", "0", "retrying", "(2):", "storage", "failed:", "disk", "hiccup"],
     ]
-    assert lines[15].split() == ["COLLECTION", "ID", "SINCE", "WRITE_FRONTIER", "STALE_MS"]
+    assert lines[16].split() == ["COLLECTION", "ID", "SINCE", "WRITE_FRONTIER", "STALE_MS"]
     (view,) = json.loads(tandem("status", "prod", "--json")[1])
     assert view["unavailable_dataflows"] == {"kept": "failed on r1: division by zero"}
     r1 = view["replicas"][0]
@@ -713,6 +714,8 @@ def test_status_and_dataflow_list_say_what_fails(tandem, api, monkeypatch):
         "pending_times": 3,
         "pending_rows": 150,
         "last_step_times": 40,
+        "retries": 0,
+        "retry_error": None,
     }
     assert (r1["consecutive_failures"], r1["next_retry_ms"]) == (3, 1_700_000_000_000)
 

@@ -683,6 +683,7 @@ def failing(view: ReplicaView) -> ReplicaView:
             "by_id": DataflowStatusView(True, None, "ab12", 340, 4, 12, pending_times=3, pending_rows=150, last_step_times=40),
             "kept": DataflowStatusView(False, "division by zero", "", 0, 0, 0),
             "late": DataflowStatusView(False, None, "", 0, 0, 0, hydration_tasks_done=3, hydration_tasks_total=8),
+            "stalled": DataflowStatusView(True, None, "cd34", 80, 0, 5, retries=2, retry_error="storage failed: disk hiccup"),
         },
         metrics_address="127.0.0.1:9100",
         consecutive_failures=3,
@@ -710,6 +711,7 @@ def test_failures_errors_and_dataflow_statuses_arrive_complete(client, api, serv
     r1, r2 = view.replicas
     assert r1.dataflows["kept"].error == "division by zero" and r1.next_retry_ms == 1_700_000_000_000
     assert (r1.dataflows["late"].hydration_tasks_done, r1.dataflows["late"].hydration_tasks_total) == (3, 8)
+    assert (r1.dataflows["stalled"].retries, r1.dataflows["stalled"].retry_error) == (2, "storage failed: disk hiccup")
     assert (r1.metrics_address, r2.metrics_address) == ("127.0.0.1:9100", None)
     assert (r2.errors, r2.dataflows, r2.last_failure, r2.next_retry_ms) == ((), {}, None, None)
     dataflows = client.list_dataflows("prod")

@@ -538,6 +538,23 @@ def test_a_replica_with_a_failed_dataflow_is_not_in_sync():
     assert all(h.in_sync for h in instance.health())
 
 
+def test_a_replica_whose_input_was_compacted_past_a_dataflow_is_rehydrated_at_once():
+    """A replica's dataflow that meets its input compacted past its frontier cannot go
+    on in its session (it fell behind what the holds keep for it): its status says so,
+    and the instance starts a new session at once instead of waiting to evict it."""
+    instance = two_replicas_serving("u2")
+    epoch = instance.replicas["r1"].epoch
+    stuck = DataflowStatus("u2", True, needs_new_session="cannot read u1 from time 5: its since is 9 (compacted away)")
+    effects = instance.handle_response("r1", epoch, StatusResponse(1, (stuck,)))
+
+    r1 = instance.replicas["r1"]
+    assert Disconnect("r1", epoch) in effects
+    assert [e for e in effects if isinstance(e, Connect)] == [Connect("r1", epoch + 1, None, failures=1)]  # no resume: a new session
+    assert r1.last_failure == "dataflow df_u2 cannot go on: cannot read u1 from time 5: its since is 9 (compacted away)"
+    assert r1.frontiers == {}  # its holds go: the new session starts at the sinces
+    assert instance.replicas["r2"].phase == "active"
+
+
 def test_replica_wide_errors_put_a_replica_out_of_sync_but_it_still_serves():
     instance = two_replicas_serving("u2")
     status(instance, "r1", errors=["no live executors"])

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 
 import history as h
-from catalog import Catalog
+from catalog import Catalog, dataflow_holder
 from controller._process import wait_until
 from protocol import HelloAck, ipc_to_table
 from rows import assert_same_rows
@@ -331,6 +331,51 @@ def test_a_failing_dataflow_does_not_stop_the_others(env, sales, small):
     assert rows.to_pylist() == [{"region": "west", "total": 1.0, "n": 1}]
     small.send(h.AllowCompaction(bad.export_ids[0], h.Frontier.empty()))
     small.client.wait_for(lambda r: r.frontiers.get(bad.export_ids[0]) == h.Frontier.empty(), 20, "the drop")
+
+
+def _dataflow_status(client: ScriptedClient, id: str, ready, what: str) -> h.DataflowStatus:
+    """The first reported status of dataflow `id` that is `ready`."""
+    return client.wait_for(
+        lambda r: next((d for s in reversed(r.statuses) for d in s.dataflows if d.id == id and ready(d)), None), 60, what
+    )
+
+
+def test_a_materialized_view_whose_sink_was_dropped_fails_instead_of_retrying(env, small):
+    storage: Storage = env["storage"]
+    source = storage.create_source(f"orders_{uuid.uuid4().hex[:6]}", SALES)
+    storage.append(source.id, [{"id": 1, "region": "north", "amount": 1.0}])
+    desc = _dataflow(env, "orders_mv", TOTALS, {"sales": source.id}, materialized=True, strategy=RECOMPUTED)
+    small.send(h.CreateDataflow(desc), h.Schedule(desc.export_ids[0]))
+    sink = desc.sink_exports[0].id
+    small.client.wait_frontier(sink, past=desc.as_of.time)
+    env["catalog"].drop_dataflow(env["catalog"].dataflow_by_name(env["config"].name, "orders_mv").id)
+    storage.append(source.id, [{"id": 2, "region": "north", "amount": 2.0}])
+
+    failed = _dataflow_status(small.client, sink, lambda d: d.error, "the view to fail")
+    assert failed.error.startswith("storage refused the step: ") and "dropped" in failed.error
+    assert failed.retries == 0  # failed at once, not retried
+    small.send(h.AllowCompaction(sink, h.Frontier.empty()))
+
+
+def test_a_dataflow_whose_input_was_compacted_past_it_asks_for_a_new_session(env, small):
+    """A replica left behind (the controller released its holds) finds its input
+    compacted past what it must read: not an error of the dataflow, and no retry helps;
+    it says so in its status, for the controller to start a new session."""
+    storage: Storage = env["storage"]
+    source = storage.create_source(f"events_{uuid.uuid4().hex[:6]}", SALES)
+    first = storage.append(source.id, [{"id": 1, "region": "north", "amount": 1.0}])
+    desc = _dataflow(env, "events_totals", TOTALS, {"sales": source.id}, key=["region"], strategy=RECOMPUTED, as_of=first)
+    latest = storage.append(source.id, [{"id": 2, "region": "south", "amount": 2.0}])
+    storage.acquire_read_hold(source.id, "test", h.Frontier(latest))
+    storage.release_read_hold(source.id, dataflow_holder(env["config"].name, desc.export_ids[0]))
+    assert storage.since(source.id) == h.Frontier(latest)
+
+    small.send(h.CreateDataflow(desc), h.Schedule(desc.export_ids[0]))
+    stuck = _dataflow_status(small.client, desc.export_ids[0], lambda d: d.needs_new_session, "the dataflow to ask for a new session")
+    assert f"cannot read {source.id} from time {first}: its since is {latest}" in stuck.needs_new_session
+    assert stuck.error is None and not stuck.hydrated
+    small.send(h.AllowCompaction(desc.export_ids[0], h.Frontier.empty()))
+    storage.release_read_hold(source.id, "test")
 
 
 def test_two_replicas_write_a_materialized_view_exactly_once(env, sales, small, large, spark):

@@ -151,14 +151,21 @@ def _replica_problems(views: Sequence[ReplicaView]) -> list[str]:
 def _dataflow_statuses(views: Sequence[ReplicaView]) -> str | None:
     """Each dataflow on each replica that reports it: its latest step (its time, the
     rows it changed, the times it computed in one pass), its backlog (change times not
-    computed yet, and the input updates they hold) and any error."""
+    computed yet, and the input updates they hold) and any error (or retries)."""
     rows = sorted(
-        [name, r.name, _hydration(s), s.steps, s.last_step_ms, s.rows_changed, s.last_step_times, s.pending_times, s.pending_rows, s.error]
+        [name, r.name, _hydration(s), s.steps, s.last_step_ms, s.rows_changed, s.last_step_times, s.pending_times, s.pending_rows, _problem(s)]
         for r in views
         for name, s in r.dataflows.items()
     )
     headers = ["DATAFLOW", "REPLICA", "HYDRATED", "STEPS", "LAST_STEP_MS", "ROWS_CHANGED", "STEP_TIMES", "PENDING_TIMES", "PENDING_ROWS", "ERROR"]
     return format_table(headers, rows) if rows else None
+
+
+def _problem(status: DataflowStatusView) -> str | None:
+    """Its error once failed; while it backs off and retries, how often and why."""
+    if status.error is None and status.retries:
+        return f"retrying ({status.retries}): {status.retry_error}"
+    return status.error
 
 
 def _hydration(status: DataflowStatusView) -> bool | str:

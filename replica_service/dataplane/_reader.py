@@ -13,8 +13,10 @@ Rules:
   touches pass as they are (`snapshot`), so a few retractions in a large collection cost
   a broadcast of them, not a shuffle of the collection.
 - A read at `t` needs `since <= t < upper` (the controller's holds guarantee it); a read
-  of the changes in `(a, b]` needs `since <= a + 1`. Anything else is a `FailedPrecondition`
-  (the caller retries: it is a moment, not the data).
+  of the changes in `(a, b]` needs `since <= a + 1`. A read below the since is
+  `CompactedAway` (the times are gone: the reader's dataflow needs a new session); one
+  at or past the upper a `FailedPrecondition` (the caller retries: it is a moment, not
+  the data).
 - A plan is used within seconds of its manifest read. The persisted base and a shared
   snapshot outlive steps, but only while the batches they read are the collection's
   current ones: their files are not collected.
@@ -40,7 +42,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from catalog import FailedPrecondition, ManifestState
+from catalog import CompactedAway, FailedPrecondition, ManifestState
 from history import Frontier
 from storage import DIFF, TIME, Storage, file_schema, merge_run
 from replica_service.dataplane._jvm import in_session
@@ -402,9 +404,8 @@ class StorageReader:
 
     def _check_readable(self, first: int, last: int) -> None:
         if self.since.is_empty or first < self.since.time:
-            raise FailedPrecondition(
-                f"cannot read {self.id} from time {first}: its since is {self.since} (compacted away)"
-            )
+            since = "[] (closed)" if self.since.is_empty else self.since.time
+            raise CompactedAway(f"cannot read {self.id} from time {first}: its since is {since} (compacted away)")
         if not self.upper.is_complete(last):
             raise FailedPrecondition(f"cannot read {self.id} at {last} yet: its upper is {self.upper}")
 
