@@ -21,6 +21,7 @@ from catalog._errors import (
     NotFound,
     UpperMismatch,
 )
+from catalog._leadership import ControllerInfo, ControllerSpec, Leadership
 from catalog._instances import (
     DEFAULT_MAX_HOLD_BACK_MS,
     DEFAULT_MAX_LAG_MS,
@@ -62,6 +63,8 @@ __all__ = [
     "CollectionInfo",
     "CollectionKind",
     "CompactedAway",
+    "ControllerInfo",
+    "ControllerSpec",
     "DataflowInfo",
     "EventInfo",
     "FailedPrecondition",
@@ -70,6 +73,7 @@ __all__ = [
     "HoldOwner",
     "InstanceInfo",
     "InvalidArgument",
+    "Leadership",
     "ManifestState",
     "Namespace",
     "NewBatch",

@@ -27,7 +27,8 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from catalog import _collections, _events, _instances, _manifest, _reconfigurations, _recovery
+from catalog import _collections, _events, _instances, _leadership, _manifest, _reconfigurations, _recovery
+from catalog._leadership import ControllerSpec, Leadership
 from catalog._engine import default_url, make_engine, read_only, upgrade
 from catalog._errors import AlreadyExists, Fenced, InvalidArgument
 from catalog._instances import (
@@ -176,6 +177,41 @@ class Catalog:
             epoch = row.epoch
         self._epoch = epoch
         return epoch
+
+    # --- Leadership (`_leadership.py`) -------------------------------------------------
+
+    def take_lead(
+        self, me: ControllerSpec, lease_ms: int, decide: Callable[[Leadership], str | None]
+    ) -> tuple[int, str] | None:
+        """Become the controller with a lease of `lease_ms` if `decide` (given the
+        state under the lock) names a cause: bump the epoch (fencing every older
+        controller) and hold it, as `become_controller`; (epoch, cause), or None."""
+        with self._write(fenced=False) as session:
+            taken = _leadership.take_lead(session, me, lease_ms, self._now_ms(), decide)
+        if taken is not None:
+            self._epoch = taken[0]
+        return taken
+
+    def renew_lease(self, me: str, lease_ms: int, forget_after_ms: int) -> Leadership:
+        """Extend leader `me`'s lease by `lease_ms` from now, forgetting standbys not
+        heard from for `forget_after_ms`; `Fenced` once another controller took the
+        epoch."""
+        with self._write() as session:
+            return _leadership.renew_lease(session, me, lease_ms, self._now_ms(), forget_after_ms)
+
+    def register_standby(self, me: ControllerSpec) -> Leadership:
+        """Record (or refresh) standby `me`; the leadership as it is."""
+        with self._write(fenced=False) as session:
+            return _leadership.register_standby(session, me, self._now_ms())
+
+    def leave_leadership(self, me: str) -> None:
+        """`me` stops taking part (a leader's lease ends at once)."""
+        with self._write(fenced=False) as session:
+            _leadership.leave(session, me)
+
+    def leadership(self) -> Leadership:
+        with self._read() as session:
+            return _leadership.leadership(session)
 
     def check_epoch(self) -> None:
         """Raise `Fenced` unless this catalog is the current controller's."""

@@ -76,13 +76,47 @@ def frontier_from_db(value: int | None) -> Frontier:
 
 class ControllerEpoch(Base):
     """The epoch of the current controller. Bumped by `become_controller`; every fenced
-    transaction reads it (FOR SHARE on PostgreSQL) before it writes anything."""
+    transaction reads it (FOR SHARE on PostgreSQL) before it writes anything.
+
+    The leader's lease lives on the same row, so that taking the lead and bumping the
+    epoch are one locked update: `leader_id` (a `controllers` row; None for a
+    controller that took the epoch without a lease), `lease_expires_ms` (the catalog's
+    clock) and `lease_renewals`, which counts the renewals of the leader's lease: a
+    standby may take over a lapsed lease only once a renewal came after it registered,
+    so the leader knew of it and stops serving on its own clock before the lease ends
+    (`controller/_leadership.py`)."""
 
     __tablename__ = "controller_epoch"
     __table_args__ = (CheckConstraint("id = 1", name="singleton"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     epoch: Mapped[int]
+    leader_id: Mapped[str | None] = mapped_column(String(64))
+    lease_expires_ms: Mapped[int | None]
+    lease_renewals: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+
+
+class ControllerProcess(Base):
+    """A `tandem serve` process taking part in leadership: the leader (named by
+    `controller_epoch.leader_id`) or a standby. `address` is where it serves gRPC
+    (clients are sent to the leader's), `host`, `pid` and `process_start` tell a
+    standby on the same host that the leader's process is gone; `heard_ms` is its
+    latest renewal or heartbeat, `seen_renewal` the lease's renewal count when it
+    registered (see `ControllerEpoch`). A row is deleted by its process as it stops, or
+    by the next leader once not heard from for long."""
+
+    __tablename__ = "controllers"
+    __table_args__ = (CheckConstraint("role IN ('leader', 'standby')", name="role_known"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    role: Mapped[str] = mapped_column(String(16))
+    address: Mapped[str] = mapped_column(String(255))
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    process_start: Mapped[str | None] = mapped_column(String(64))
+    started_ms: Mapped[int]
+    heard_ms: Mapped[int]
+    seen_renewal: Mapped[int]
 
 
 class IdAllocator(Base):

@@ -12,7 +12,9 @@ Rules:
   which then cleans up, not the controller), with the data directory as its working
   directory (whatever Spark leaves in the working directory stays there) and its log in
   `<data-dir>/<log_name>`. It is ready once it prints "tandem controller (epoch N)
-  listening on ADDRESS"; `address` and `epoch` are read from that line.
+  listening on ADDRESS"; `address` and `epoch` are read from that line. A standby
+  (`--standby`) is ready once it says it stands by (epoch 0); `await_lead` waits for
+  it to lead.
 - Managed replicas run in sessions of their own and outlive their controller's crash
   (that is what lets a restarted controller reconcile with them): `kill` leaves them,
   and `kill_replicas` ends them, from the pids the catalog records. `stop` (SIGTERM,
@@ -47,6 +49,8 @@ T = TypeVar("T")
 # runs the same code as its caller (an uninstalled checkout included).
 _ROOT = Path(__file__).resolve().parent.parent
 _READY = re.compile(r"tandem controller \(epoch (\d+)\) listening on ([^;\s]+)(?:; status page on http://(\S+)/, metrics on [^;\s]+)?(?:; log in .*)?$")
+
+_STANDING_BY = re.compile(r"tandem controller standing by on ([^;\s]+) ")
 
 READY_TIMEOUT_S = 180.0  # a cold planner JVM on a loaded 2-core machine
 STOP_TIMEOUT_S = 30.0
@@ -107,13 +111,24 @@ class ControllerProcess:
     def pid(self) -> int:
         return self.process.pid
 
+    def await_lead(self, timeout: float) -> None:
+        """For a standby (`--standby`): return once it took the lead and listens as the
+        leader, with `epoch` and `metrics_address` set (RuntimeError if it exits, or
+        after `timeout` seconds: then it is killed)."""
+        self.epoch, self.address, self.metrics_address = self._await_ready(timeout)
+
     def _await_ready(self, timeout: float) -> tuple[int, str, str | None]:
+        """The ready line's epoch, address and metrics address; a standby's epoch is 0
+        (no metrics) until `await_lead`."""
         timer = threading.Timer(timeout, self.process.kill)
         timer.start()
         try:
             line = self.process.stdout.readline().decode(errors="replace")
         finally:
             timer.cancel()
+        standing = _STANDING_BY.search(line)
+        if standing is not None:
+            return 0, standing[1], None
         match = _READY.search(line)
         if match is None:
             code = self.process.wait()

@@ -10,10 +10,14 @@ Rules:
   and above, by default warnings: what an operator must look at. The ready line, on
   stdout, says where the log is.
 - SIGTERM or SIGINT (Ctrl-C) is the operator's stop: the managed replicas' processes
-  are stopped too, one line each on stdout, unless `keep_replicas`, when the exit names
-  the pids it left and how to re-adopt or stop them. A kill -9 of the controller leaves
-  them for the next controller to reconcile, and so does a fenced controller (its
-  replicas belong to the newer one).
+  are stopped too, one line each on stdout, unless `keep_replicas` or standbys are
+  registered (the lead goes to one of them: the stop ends the lease), when the exit
+  names the pids it left and how to re-adopt or stop them. A kill -9 of the controller
+  leaves them for the next controller to reconcile, and so does a fenced controller, or
+  one that lost the lead (its replicas belong to the newer one).
+- Leadership (`controller/_leadership.py`): without `standby` it takes the lead at
+  once, fencing any other controller on the catalog; with it, it stands by (the ready
+  line says so) until it takes the lead, and then prints the leader's ready line.
 """
 
 from __future__ import annotations
@@ -24,13 +28,17 @@ import signal
 import socket
 import sys
 from pathlib import Path
+from time import monotonic
 
 from catalog import InvalidArgument, ReplicaInfo
 from controller._api import ControllerError
+from controller._leadership import Front, LeaseClock, LeaseOptions, Standby, keep_lease, this_process
 from controller._service import ControllerServer
 from controller._upkeep import UpkeepOptions
 from controller.runtime import Controller
 from protocol.security import ServerSecurity
+
+log = logging.getLogger(__name__)
 
 LOG_FORMAT = "%(asctime)s controller[%(process)d] %(levelname)s %(name)s: %(message)s"
 
@@ -48,11 +56,15 @@ async def serve(
     http_listen: str | None = "127.0.0.1:6876",
     keep_replicas: bool = False,
     log_level: str = "warning",
+    standby: bool = False,
+    lease: LeaseOptions = LeaseOptions(),
 ) -> None:
     """Run a controller until SIGTERM or SIGINT (see the module). An option left None
     keeps its default (`Controller.start`, `UpkeepOptions`). A bad option, blob location
     or address raises `ControllerError` before anything runs. `http_listen` serves the
-    status page, `/api/status` and `/metrics` (None: none)."""
+    status page, `/api/status` and `/metrics` (None: none), once this controller leads.
+    A `standby` waits warm for the lead (`controller/_leadership.py`); otherwise it
+    takes the lead at once, fencing any other."""
     log_path = _log_to(Path(data_dir).resolve() / "logs" / "controller.log", log_level)
     given = {"retention_ms": retention_ms, "gc_grace_ms": gc_grace_ms, "interval_ms": upkeep_interval_ms}
     try:
@@ -62,15 +74,48 @@ async def serve(
     _check_free(listen, "--listen HOST:PORT")
     if http_listen is not None:
         _check_free(http_listen, "--http-listen HOST:PORT, or --http-listen off")
-    controller = await Controller.start(
+    controller = await Controller.prepare(
         data_dir, catalog_url, blob_uri=blob_uri, upkeep=upkeep, security=security, on_making_class_archive=_say_making_class_archive
     )
+    front = Front()
     try:
-        server = ControllerServer(controller, listen, security)
+        server = ControllerServer(front, listen, security)
     except OSError as error:  # taken since the check
         await controller.stop()
         raise ControllerError("INVALID_ARGUMENT", f"{error}; choose another with --listen HOST:PORT") from None
     await server.start()
+    me = this_process(server.address)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    if standby:
+        standing = Standby(controller.catalog, me, lease, front)
+        leader = await standing.register()
+        print(f"tandem controller standing by on {server.address} (the leader: {leader or 'none yet'}); log in {log_path}", flush=True)
+        waiting = asyncio.ensure_future(standing.wait())
+        stopped = asyncio.ensure_future(stopping.wait())
+        await asyncio.wait([waiting, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if not waiting.done():  # stopped while standing by: it ran nothing
+            waiting.cancel()
+            await server.stop(0)
+            await asyncio.to_thread(controller.catalog.leave_leadership, me.id)
+            await controller.stop()
+            return
+        stopped.cancel()
+        cause, found = waiting.result()
+    else:
+        found = monotonic()
+        _, cause = await asyncio.to_thread(controller.catalog.take_lead, me, lease.lease_ms, lambda state: "started")
+    # Renewed from now on: a recovery may outlast the lease.
+    clock = LeaseClock(lease, renewed_at=found)
+    lost: list[str] = []
+    keeping = asyncio.ensure_future(keep_lease(controller.catalog, me, clock, lambda why: (lost.append(why), stopping.set())))
+    front.refusal = "this controller is taking the lead"
+    await controller.lead("" if cause == "started" else cause)
+    front.controller, front.clock = controller, clock
+    if cause != "started":
+        log.warning("took the lead as epoch %d (%s) in %d ms", controller.epoch, cause, 1000 * (monotonic() - found))
     http = ""
     if http_listen is not None:
         try:
@@ -81,21 +126,25 @@ async def serve(
             await controller.stop()
             raise ControllerError("INVALID_ARGUMENT", f"cannot serve HTTP on {http_listen}: {error}; choose another with --http-listen HOST:PORT, or --http-listen off") from None
     print(f"tandem controller (epoch {controller.epoch}) listening on {server.address}{http}; log in {log_path}", flush=True)
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stopping.set)
     fenced = asyncio.ensure_future(controller.fenced_event.wait())
     fenced.add_done_callback(lambda _: stopping.set())
     await stopping.wait()
     fenced.cancel()
+    keeping.cancel()
     await server.stop(2)
-    if controller.fenced is not None:  # its replicas and catalog belong to the newer controller now
+    if controller.fenced is not None or lost:  # its replicas and catalog belong to the next leader now
         await controller.stop()
-        raise ControllerError("UNAVAILABLE", str(controller.fenced))
-    if keep_replicas:
+        raise ControllerError("UNAVAILABLE", str(controller.fenced) if controller.fenced is not None else f"this controller no longer leads: {lost[0]}")
+    try:
+        standbys = (await asyncio.to_thread(controller.catalog.leadership)).standbys
+        await asyncio.to_thread(controller.catalog.leave_leadership, me.id)
+    except Exception as error:  # the catalog is unreachable: the lease lapses on its own
+        log.warning("could not end the lease: %s", error)
+        standbys = ()
+    if keep_replicas or standbys:
+        why = "a standby takes the lead" if standbys and not keep_replicas else "the next `tandem serve` on this catalog adopts it"
         for replica in await controller.stop():
-            print(f"left replica {_name(replica)} running (pid {replica.pid}): the next `tandem serve` on this catalog adopts it; `kill -TERM {replica.pid}` stops it", flush=True)
+            print(f"left replica {_name(replica)} running (pid {replica.pid}): {why}; `kill -TERM {replica.pid}` stops it", flush=True)
     else:
         for replica in await controller.stop(stop_replicas=True):
             print(f"stopped replica {_name(replica)} (pid {replica.pid})", flush=True)

@@ -102,7 +102,11 @@ async def _abort(context: grpc.aio.ServicerContext, method: str, error: Exceptio
     code, message = status_of(error)
     if code is grpc.StatusCode.INTERNAL:
         _log.error("%s failed", method, exc_info=error)
-    await context.abort(code, message, trailing_metadata=((codec.STATUS_METADATA_KEY, code.name),))
+    metadata = [(codec.STATUS_METADATA_KEY, code.name)]
+    leader = getattr(error, "leader", None)  # a standby's refusal names the leader (`NotLeader`)
+    if leader:
+        metadata.append((codec.LEADER_METADATA_KEY, leader))
+    await context.abort(code, message, trailing_metadata=tuple(metadata))
 
 
 # --- Views -----------------------------------------------------------------------------

@@ -16,6 +16,11 @@ Rules:
   resize or a waiting `add_replica` gets its own `timeout_ms` plus a margin, so the
   controller's timeout, with its clearer message, fires first.
 - Views are the dataclasses of `controller._api`, rebuilt from the messages.
+- Several addresses (`"a:6875,b:6875"`, a leader and its standbys) make the client
+  follow the leader: a standby's refusal names it, and the call goes there. A call is
+  sent again after a failover only when nothing of it can have been done (refused by a
+  standby, or no connection at all) or when it only reads; an append cut off in flight
+  by the leader's death is UNAVAILABLE to the caller, who knows whether to repeat it.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from time import monotonic, sleep
 from typing import Any, Self
 
 import grpc
@@ -87,8 +93,9 @@ class QueryResult:
 
 
 class Client:
-    """Calls on the controller at `address`. `Client(address)` connects lazily;
-    `Client.connect` waits until the controller is reachable. Close it, or use it as a
+    """Calls on the controller at `address`, or on whichever of several leads:
+    `"host:a,host:b"` (see the module's rules). `Client(address)` connects lazily;
+    `Client.connect` waits until a controller answers. Close it, or use it as a
     context manager."""
 
     def __init__(
@@ -96,6 +103,7 @@ class Client:
         address: str = DEFAULT_ADDRESS,
         *,
         deadline: float = 120.0,
+        failover: float = 30.0,
         token: str | None = None,
         tls_ca: str | Path | None = None,
         tls_cert: str | Path | None = None,
@@ -104,22 +112,35 @@ class Client:
         """`token`: the bearer token a controller run with `--auth-token-file` requires.
         With `tls_ca` the channel is TLS, checking the controller's certificate against
         that CA (PEM file); `tls_cert` and `tls_key` add a client certificate (for a
-        controller run with `--tls-client-ca`)."""
-        self.address = address
+        controller run with `--tls-client-ca`). With several addresses, a call that
+        finds no leader keeps looking for one for up to `failover` seconds."""
+        self.addresses = [a.strip() for a in address.split(",") if a.strip()] or [DEFAULT_ADDRESS]
         self._deadline = deadline
+        self._failover = failover
         self._metadata = token_metadata(token)
-        if tls_ca is None and tls_cert is None:
-            self._channel = grpc.insecure_channel(address, options=codec.CHANNEL_OPTIONS)
-        else:
-            tls = Tls(_path(tls_cert), _path(tls_key), _path(tls_ca))
-            self._channel = grpc.secure_channel(address, tls.channel_credentials(), options=codec.CHANNEL_OPTIONS)
-        self._stub = pb_grpc.ControllerStub(self._channel)
+        self._tls = None if tls_ca is None and tls_cert is None else Tls(_path(tls_cert), _path(tls_key), _path(tls_ca))
+        self._channels: dict[str, grpc.Channel] = {}
+        self._use(self.addresses[0])
+
+    def _use(self, address: str) -> None:
+        """Send calls to `address` from now on (its channel is kept for a return)."""
+        if address not in self.addresses:
+            self.addresses.append(address)
+        channel = self._channels.get(address)
+        if channel is None:
+            if self._tls is None:
+                channel = grpc.insecure_channel(address, options=codec.CHANNEL_OPTIONS)
+            else:
+                channel = grpc.secure_channel(address, self._tls.channel_credentials(), options=codec.CHANNEL_OPTIONS)
+            self._channels[address] = channel
+        self.address, self._channel, self._stub = address, channel, pb_grpc.ControllerStub(channel)
 
     @classmethod
     def connect(
         cls, address: str = DEFAULT_ADDRESS, *, timeout: float = 10.0, deadline: float = 120.0, **security: Any
     ) -> Client:
-        """A client of a controller that answered; UNAVAILABLE after `timeout` seconds
+        """A client of a controller that answered (with several addresses, the leader
+        if one answers as such within `timeout`); UNAVAILABLE after `timeout` seconds
         without an answer, with the last connection error when there is one (a refused
         connection, a failed TLS handshake). `security`: `token`, `tls_ca`, `tls_cert`,
         `tls_key` (see `Client`)."""
@@ -127,19 +148,33 @@ class Client:
         # A GetVersion that waits for the channel, rather than channel_ready_future: it
         # proves a controller answers, and leaves no polling thread that slows close().
         request = pb.GetVersionRequest()
+        ends = monotonic() + timeout
         try:
-            client._stub.GetVersion(request, timeout=timeout, wait_for_ready=True, metadata=client._metadata)
-        except grpc.RpcError as error:
-            try:
-                if error.code() is grpc.StatusCode.DEADLINE_EXCEEDED:
+            while True:
+                standby = None  # one that answered this round, not leading
+                for candidate in list(client.addresses):
+                    client._use(candidate)
+                    wait = timeout if len(client.addresses) == 1 else max(0.05, min(1.0, ends - monotonic()))
+                    try:
+                        version = client._stub.GetVersion(request, timeout=wait, wait_for_ready=True, metadata=client._metadata)
+                    except grpc.RpcError as error:
+                        if error.code() is not grpc.StatusCode.DEADLINE_EXCEEDED:
+                            raise client._error(error, "GetVersion", timeout) from None
+                        continue
+                    if version.controller_epoch > 0:  # the leader: a standby answers epoch 0
+                        return client
+                    standby = standby or candidate
+                if standby is not None:  # calls follow it to the leader it names
+                    client._use(standby)
+                    return client
+                if monotonic() >= ends:
                     raise TandemError(
                         grpc.StatusCode.UNAVAILABLE,
                         f"cannot reach the controller at {address} (no answer within {timeout:g} s){client._connection_error()}",
-                    ) from None
-                raise client._error(error, "GetVersion", timeout) from None
-            finally:
-                client.close()
-        return client
+                    )
+        except BaseException:
+            client.close()
+            raise
 
     def _connection_error(self) -> str:
         """`: <why the channel does not connect>`, or "" when gRPC does not say. A call
@@ -153,7 +188,8 @@ class Client:
         return ""
 
     def close(self) -> None:
-        self._channel.close()
+        for channel in self._channels.values():
+            channel.close()
 
     def __enter__(self) -> Self:
         return self
@@ -464,12 +500,39 @@ class Client:
 
     def _send(self, method: str, request: Message, *, wait_ms: int | None = None) -> Any:
         """The response to `request`. A call that waits up to `wait_ms` on the controller
-        gets that plus a margin as its deadline, other calls the client's deadline."""
+        gets that plus a margin as its deadline, other calls the client's deadline. With
+        several addresses, a call that finds no leader is sent again where `_follow`
+        says, for up to `failover` seconds."""
         timeout = self._deadline if wait_ms is None else wait_ms / 1000 + _MARGIN_S
-        try:
-            return getattr(self._stub, method)(request, timeout=timeout, metadata=self._metadata)
-        except grpc.RpcError as error:
-            raise self._error(error, method, timeout) from None
+        gives_up = monotonic() + self._failover
+        while True:
+            try:
+                return getattr(self._stub, method)(request, timeout=timeout, metadata=self._metadata)
+            except grpc.RpcError as error:
+                if monotonic() >= gives_up or not self._follow(error, method):
+                    raise self._error(error, method, timeout) from None
+
+    def _follow(self, error: grpc.RpcError, method: str) -> bool:
+        """Whether a call that failed with `error` may be sent again, after moving to
+        the controller that should answer it: the leader a standby named, or the next
+        address. Only when nothing of it can have been done (a standby refused it, or no
+        controller took the connection), or when it only reads."""
+        if error.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+            return False
+        trailing = dict(error.trailing_metadata() or ())
+        leader = trailing.get(codec.LEADER_METADATA_KEY)
+        if leader and leader != self.address:  # a standby's refusal: nothing was done
+            self._use(leader)
+            sleep(_FAILOVER_POLL_S / 4)  # the leader it names may be the one just gone
+            return True
+        refused = codec.STATUS_METADATA_KEY in trailing  # a controller answered: it does not lead
+        if len(self.addresses) == 1 or not (refused or method in _READS or _never_sent(error)):
+            return False  # it may have been done: the caller decides
+        at = self.addresses.index(self.address)
+        self._use(self.addresses[(at + 1) % len(self.addresses)])
+        if self.address == self.addresses[0]:  # round the whole list: wait for a takeover
+            sleep(_FAILOVER_POLL_S)
+        return True
 
     def _error(self, error: grpc.RpcError, method: str, timeout: float) -> TandemError:
         """The failure of a call; the controller's own statuses are marked (_service)."""
@@ -490,6 +553,17 @@ class Client:
             ),
         }
         return TandemError(code, messages.get(code, f"{method} at {self.address}: {details}"))
+
+
+# Calls that only read: sent again after a failover whatever became of the first try.
+_READS = frozenset({"GetVersion", "ListInstances", "ListSources", "ListDataflows", "Peek", "Query", "Status", "ListEvents", "ListStorage"})
+_FAILOVER_POLL_S = 0.2
+
+
+def _never_sent(error: grpc.RpcError) -> bool:
+    """Whether gRPC failed the call before any controller received it (no connection)."""
+    details = (error.details() or "").lower()
+    return "failed to connect" in details or "connection refused" in details
 
 
 # --- Arguments -------------------------------------------------------------------------

@@ -120,6 +120,7 @@ class Controller:
         self.drivers: dict[str, InstanceDriver] = {}
         self.security = security  # how replicas are reached (and managed ones secured)
         self._epoch = 0
+        self._lead_cause = ""  # why this controller took the lead, for its take-over events
         self.ingest = GroupCommit(lambda appends: self.storage.append_group(appends))  # appends, and the advancer's ticks
         self._tasks: list[asyncio.Task] = []  # the background tasks, cancelled by stop()
         self.metrics = ControllerMetrics(self)
@@ -141,12 +142,38 @@ class Controller:
         security: ServerSecurity = ServerSecurity(),
         on_making_class_archive: Callable[[], None] = lambda: None,
     ) -> Controller:
-        """Start a controller on `data_dir`: the catalog at `catalog_url` (default: SQLite
-        in `data_dir`), batch files at `blob_uri` (default: `data_dir/blobs`). An
-        unusable blob location is INVALID_ARGUMENT, naming it, before anything runs.
-        `security` is the controller's own (TLS, token): it reaches replicas with it, and
-        the replicas it spawns serve with it. `on_making_class_archive` is called
-        before the class archive is made, when this start must make it."""
+        """Start a controller on `data_dir` (`prepare`), take the epoch at once (fencing
+        any older controller) and `lead`."""
+        controller = await cls.prepare(
+            data_dir, catalog_url, blob_uri=blob_uri, upkeep=upkeep, security=security, on_making_class_archive=on_making_class_archive
+        )
+        try:
+            await _blocking(controller.catalog.become_controller)
+        except BaseException:
+            await controller.stop()
+            raise
+        await controller.lead()
+        return controller
+
+    @classmethod
+    async def prepare(
+        cls,
+        data_dir: Path,
+        catalog_url: str | None = None,
+        *,
+        blob_uri: str | None = None,
+        upkeep: UpkeepOptions = UpkeepOptions(),
+        security: ServerSecurity = ServerSecurity(),
+        on_making_class_archive: Callable[[], None] = lambda: None,
+    ) -> Controller:
+        """A controller on `data_dir`, ready to `lead` once its catalog holds the epoch:
+        the catalog at `catalog_url` (default: SQLite in `data_dir`), batch files at
+        `blob_uri` (default: `data_dir/blobs`), the planner's JVM starting. What a
+        standby keeps warm. An unusable blob location is INVALID_ARGUMENT, naming it,
+        before anything runs. `security` is the controller's own (TLS, token): it
+        reaches replicas with it, and the replicas it spawns serve with it.
+        `on_making_class_archive` is called before the class archive is made, when this
+        start must make it."""
         data_dir = Path(data_dir).resolve()
         data_dir.mkdir(parents=True, exist_ok=True)
         url = catalog_url or default_url(data_dir)
@@ -163,17 +190,23 @@ class Controller:
         await asyncio.to_thread(make_class_archive)
         planner = await asyncio.to_thread(Planner.launch, data_dir / "planner")  # before any gRPC thread
         orchestrator = Orchestrator(catalog, url, storage.blob_uri, data_dir, security.argv())
-        controller = cls(catalog, url, storage, planner, orchestrator, upkeep, security)
-        controller._epoch = await _blocking(catalog.become_controller)
-        log.info("controller epoch %d on %s; batch files at %s", controller._epoch, url, storage.blob_uri)
-        await controller._recover()
+        return cls(catalog, url, storage, planner, orchestrator, upkeep, security)
+
+    async def lead(self, cause: str = "") -> None:
+        """Drive every instance from the catalog, whose epoch this controller now holds
+        (`Catalog.become_controller` or `take_lead`, for `cause`): recover the
+        histories, reconcile the live replicas, resume upkeep and any resize left
+        halfway."""
+        self._epoch = self.catalog.epoch
+        self._lead_cause = cause
+        log.info("controller epoch %d on %s; batch files at %s", self._epoch, self.catalog_url, self.storage.blob_uri)
+        await self._recover()
         # What a dropped instance or a dead controller left holds its collections back
         # until removed: compaction resumes from this controller's first pass.
-        await controller._note_orphans(await _blocking(controller.upkeep.remove_orphans))
-        controller._start_tasks()
+        await self._note_orphans(await _blocking(self.upkeep.remove_orphans))
+        self._start_tasks()
         # A resize a dead predecessor left halfway is finished or rolled back now.
-        controller._tasks.extend(await _reconfigure.resume(controller))
-        return controller
+        self._tasks.extend(await _reconfigure.resume(self))
 
     def _start_tasks(self) -> None:
         loop = asyncio.get_running_loop()
@@ -237,6 +270,8 @@ class Controller:
             for replica in replicas:
                 await driver.call(lambda instance, name=replica.name, n=max(1, replica.incarnation): instance.add_replica(name, n))
             took_over = f"controller epoch {self._epoch} recovered the instance: {len(commands)} commands, {len(replicas)} replicas"
+            if self._lead_cause:
+                took_over += f" (it took the lead: {self._lead_cause})"
             await driver.call(lambda instance: instance.note("took_over", took_over))
             log.info("recovered instance %s: %d commands", info.name, len(commands))
 

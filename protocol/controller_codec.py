@@ -49,6 +49,8 @@ CHANNEL_OPTIONS = (
 
 # Trailing metadata on every status the controller chose (see controller.proto).
 STATUS_METADATA_KEY = "tandem-status"
+# Beside an UNAVAILABLE from a controller that does not lead: the leader's address.
+LEADER_METADATA_KEY = "tandem-leader"
 
 Consistency = Literal["serializable", "strict"]
 

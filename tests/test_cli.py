@@ -21,6 +21,7 @@ from test_client_api import FakeApi, ServerThread, fail_kept, free_address, popu
 
 import controller
 from controller._api import EventView
+from controller._leadership import LeaseOptions
 from controller.cli import format_table, main
 from controller.client import Client, TandemError
 from history import OrderBy, Predicate
@@ -783,6 +784,7 @@ def test_serve_hands_its_options_to_the_controller(monkeypatch, tmp_path, capsys
     defaults = {
         "blob_uri": None, "retention_ms": None, "gc_grace_ms": None, "upkeep_interval_ms": None,
         "security": ServerSecurity(), "http_listen": "127.0.0.1:6876", "keep_replicas": False, "log_level": "warning",
+        "standby": False, "lease": LeaseOptions(),
     }
     assert calls == [
         # The HTTP port follows the gRPC one: a second controller on another --listen
@@ -806,13 +808,19 @@ def test_serve_hands_its_options_to_the_controller(monkeypatch, tmp_path, capsys
             "http_listen": "127.0.0.1:6876",
             "keep_replicas": False,
             "log_level": "warning",
+            "standby": False,
+            "lease": LeaseOptions(),
         },
     ]
     assert main(["serve", "--http-listen", "off"]) == 0
     assert calls[-1]["http_listen"] is None
     assert main(["serve", "--listen", "127.0.0.1:0", "--keep-replicas", "--log-level", "info"]) == 0
     assert (calls[-1]["http_listen"], calls[-1]["keep_replicas"], calls[-1]["log_level"]) == ("127.0.0.1:0", True, "info")
+    assert main(["serve", "--standby", "--lease-ms", "3000", "--lease-renew-ms", "500", "--lease-margin-ms", "1000"]) == 0
+    assert (calls[-1]["standby"], calls[-1]["lease"]) == (True, LeaseOptions(3000, 500, 1000))
     capsys.readouterr()
+    assert main(["serve", "--lease-ms", "1000"]) == 1  # renewed every 1000 ms with a 1500 ms margin: cannot hold
+    assert "error: INVALID_ARGUMENT: a lease of 1000 ms cannot be renewed every 1000 ms" in capsys.readouterr().err
     assert main(["serve", "--listen", "127.0.0.1:65535"]) == 1
     assert "give --http-listen HOST:PORT" in capsys.readouterr().err
     token = tmp_path / "token"

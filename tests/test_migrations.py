@@ -21,7 +21,7 @@ from sqlalchemy import Column, Integer, MetaData, inspect
 from sqlalchemy.exc import IntegrityError
 from workers import open_catalog
 
-from catalog import Catalog, NewBatch, NewEvent, make_engine
+from catalog import Catalog, ControllerSpec, NewBatch, NewEvent, make_engine
 from catalog._engine import alembic_config, head_revision
 from catalog._models import NAMING_CONVENTION, Base
 from history import Frontier, Import
@@ -61,7 +61,8 @@ def tables(url: str) -> set[str]:
 def populate(url: str) -> None:
     """A row in every table."""
     with Catalog.open(url) as catalog:
-        catalog.become_controller()
+        catalog.take_lead(ControllerSpec("c1", "127.0.0.1:6875", "h", 1, None), 5_000, lambda state: "started")
+        catalog.register_standby(ControllerSpec("c2", "127.0.0.1:6877", "h", 2, "boot/9"))
         catalog.write_ts()
         catalog.create_instance("main")
         catalog.create_replica("main", "r1", size="s")

@@ -218,6 +218,7 @@ def _serve(args: argparse.Namespace) -> None:
     # Imported here: the runtime brings Spark planning and the catalog, which no other
     # command needs, and the CLI must work against a remote controller without them.
     from controller import _serve
+    from controller._leadership import LeaseOptions
 
     try:
         security = ServerSecurity.of(args.tls_cert, args.tls_key, args.tls_client_ca, args.auth_token_file)
@@ -225,6 +226,7 @@ def _serve(args: argparse.Namespace) -> None:
         raise TandemError(grpc.StatusCode.INVALID_ARGUMENT, str(error)) from None
     http_listen = args.http_listen or http_beside(args.listen)
     try:
+        lease = LeaseOptions(args.lease_ms, args.lease_renew_ms, args.lease_margin_ms)
         asyncio.run(
             _serve.serve(
                 data_dir=args.data_dir,
@@ -238,6 +240,8 @@ def _serve(args: argparse.Namespace) -> None:
                 http_listen=None if http_listen == "off" else http_listen,
                 keep_replicas=args.keep_replicas,
                 log_level=args.log_level,
+                standby=args.standby,
+                lease=lease,
             )
         )
     except ControllerError as error:  # refused at start: a bad option, address or blob location

@@ -183,6 +183,22 @@ def _parser() -> argparse.ArgumentParser:
         help="what the terminal (stderr) shows; DATA_DIR/logs/controller.log gets everything from info on "
         "(default: %(default)s)",
     )
+    p.add_argument(
+        "--standby",
+        action="store_true",
+        help="wait warm (catalog open, planner started) and take the lead when the leader's lease lapses or "
+        "its process is gone (default: take the lead at once, fencing any other controller on this catalog)",
+    )
+    p.add_argument("--lease-ms", type=int, default=5_000, metavar="N", help="the leader's lease (default: %(default)s)")
+    p.add_argument("--lease-renew-ms", type=int, default=1_000, metavar="N", help="how often the leader renews it (default: %(default)s)")
+    p.add_argument(
+        "--lease-margin-ms",
+        type=int,
+        default=1_500,
+        metavar="N",
+        help="how long before its lease ends a leader that could not renew it stops serving; more than the "
+        "clock skew between the controllers' hosts (default: %(default)s)",
+    )
     add_server_arguments(p)
     p.set_defaults(run=_serve)
 

@@ -1,0 +1,233 @@
+"""Leadership of the `tandem serve` processes on one catalog: one leads, standbys wait
+warm (catalog open, planner JVM up) and take the lead when the leader's lease lapses or
+its process is gone. The catalog keeps the record (`catalog/_leadership.py`); this
+module decides, and keeps the leader's own clock.
+
+Rules:
+- A leader renews its lease every `renew_ms`, for `lease_ms` from the renewal's start.
+  Once standbys are registered (a renewal counted them), it serves only until
+  `lease_ms - margin_ms` after the start of its last renewal that succeeded, by its
+  own monotonic clock: past that it refuses every call and stops, before any standby
+  may take over (`LeaseClock`). Without standbys nobody can take over (a plain `tandem
+  serve` takes the epoch at once, fencing, as it always did), so it never stops for
+  a slow catalog.
+- A standby takes the lead (`takeover_cause`) when nobody holds a lease, when the
+  leader's process on the same host is gone (a kill -9 is seen at the next poll, not
+  after the lease), or when the lease lapsed and a renewal came after the standby
+  registered (so the leader knew of it and stopped on its own). A leader on another
+  host that was cut off before any standby came never learnt it must stop: no standby
+  takes its lapsed lease (a plain `tandem serve` does, fencing it, on an operator's
+  word). Standbys not heard from for `STALE_LEASES` leases are forgotten by the
+  leader's renewal, so a dead one does not keep the leader on its guard.
+- Taking the lead bumps the epoch in the same locked update (`Catalog.take_lead`), so
+  every write the old leader still attempts fails, as after a restart.
+- A leader that stops on purpose ends its lease (`Catalog.leave_leadership`): a standby
+  takes over at its next poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from time import monotonic
+from typing import Any
+
+from catalog import Catalog, ControllerInfo, ControllerSpec, Fenced, Leadership
+from controller._api import ControllerError
+from controller._orchestrator import pid_alive, proc_stat, process_start
+
+log = logging.getLogger(__name__)
+
+STALE_LEASES = 3
+"""A standby not heard from for this many lease durations is forgotten."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseOptions:
+    """The leader's lease (milliseconds): its duration, how often it is renewed, and the
+    margin by which the leader stops serving before it ends (clock skew between hosts
+    and a renewal's own time must fit in it). Standbys poll every `renew_ms / 2`."""
+
+    lease_ms: int = 5_000
+    renew_ms: int = 1_000
+    margin_ms: int = 1_500
+
+    def __post_init__(self) -> None:
+        if not (0 < self.renew_ms and 0 < self.margin_ms and self.renew_ms + self.margin_ms < self.lease_ms):
+            raise ControllerError(
+                "INVALID_ARGUMENT",
+                f"a lease of {self.lease_ms} ms cannot be renewed every {self.renew_ms} ms with a margin of "
+                f"{self.margin_ms} ms: renew_ms + margin_ms must be below lease_ms, both above 0",
+            )
+
+    @property
+    def poll_s(self) -> float:
+        return self.renew_ms / 2000
+
+
+def this_process(address: str) -> ControllerSpec:
+    """What this `tandem serve` process records of itself, serving gRPC on `address`."""
+    pid = os.getpid()
+    return ControllerSpec(uuid.uuid4().hex, address, socket.gethostname(), pid, process_start(pid))
+
+
+def process_gone(controller: ControllerInfo) -> bool:
+    """Whether `controller`'s process (on this host) runs no more: exited, replaced by
+    another of the same pid, or a zombie (it serves nothing)."""
+    if not pid_alive(controller.pid, controller.process_start):
+        return True
+    fields = proc_stat(controller.pid)
+    return fields is not None and fields[0] == b"Z"
+
+
+def takeover_cause(
+    state: Leadership, me: ControllerSpec, now_ms: int, lease_ms: int, gone: Callable[[ControllerInfo], bool] = process_gone
+) -> str | None:
+    """Why standby `me` may take the lead now (see the module's rules), or None."""
+    leader = state.leader
+    if leader is None or state.lease_expires_ms is None:
+        return "no controller leads"
+    if leader.id == me.id:
+        return None
+    if leader.host == me.host and gone(leader):
+        return f"the leader's process (pid {leader.pid}) is gone"
+    lapsed_ms = now_ms - state.lease_expires_ms
+    if lapsed_ms < 0:
+        return None
+    mine = next((s for s in state.standbys if s.id == me.id), None)
+    if mine is not None and state.lease_renewals > mine.seen_renewal:
+        return f"the leader's lease lapsed {lapsed_ms} ms ago"
+    return None
+
+
+@dataclass(slots=True)
+class LeaseClock:
+    """The leader's own view of its lease, on its monotonic clock (seconds)."""
+
+    options: LeaseOptions
+    renewed_at: float
+    guarded: bool = False  # standbys were registered at the last renewal
+
+    def renewed(self, started_at: float, state: Leadership) -> None:
+        """A renewal that started at `started_at` succeeded, and saw `state`."""
+        self.renewed_at = max(self.renewed_at, started_at)
+        self.guarded = bool(state.standbys)
+
+    def serving(self, now: float) -> bool:
+        return not self.guarded or now < self.serves_until
+
+    @property
+    def serves_until(self) -> float:
+        return self.renewed_at + (self.options.lease_ms - self.options.margin_ms) / 1000
+
+
+class Front:
+    """What the gRPC server serves: the leader's controller once this process leads,
+    until it stops serving (its lease clock says so, or it lost the epoch); before and
+    after, every call but `GetVersion` is UNAVAILABLE naming the leader, which a
+    client follows (`NotLeader`)."""
+
+    def __init__(self) -> None:
+        self.controller: Any = None
+        self.clock: LeaseClock | None = None
+        self.leader_address: str | None = None
+        self.refusal = "this controller is a standby"
+
+    @property
+    def epoch(self) -> int:
+        return self.controller.epoch if self._serving() else 0
+
+    def _serving(self) -> bool:
+        return self.controller is not None and (self.clock is None or self.clock.serving(monotonic()))
+
+    def __getattr__(self, name: str) -> Any:
+        if self._serving():
+            return getattr(self.controller, name)
+
+        async def refuse(*args: Any, **kwargs: Any) -> Any:
+            raise NotLeader(self.refusal, self.leader_address)
+
+        return refuse
+
+
+class NotLeader(ControllerError):
+    """Refused: this controller does not lead; `leader` is the address of the one that
+    does, when known (sent as the trailing metadata `tandem-leader`)."""
+
+    def __init__(self, why: str, leader: str | None) -> None:
+        where = f"; the leader is at {leader}" if leader else "; no leader is known yet"
+        super().__init__("UNAVAILABLE", why + where)
+        self.leader = leader
+
+
+@dataclass(slots=True)
+class Standby:
+    """A standby's wait for the lead: `wait` polls the catalog until it takes it."""
+
+    catalog: Catalog
+    me: ControllerSpec
+    options: LeaseOptions
+    front: Front
+
+    async def register(self) -> str | None:
+        """Register this standby (once, before it says it stands by); the leader's
+        address, if one leads."""
+        state = await asyncio.to_thread(self.catalog.register_standby, self.me)
+        self.front.leader_address = state.leader.address if state.leader is not None else None
+        return self.front.leader_address
+
+    async def wait(self) -> tuple[str, float]:
+        """Poll (registering this standby each time) until it takes the lead; the cause,
+        and the monotonic time it first found it could."""
+        while True:
+            try:
+                state = await asyncio.to_thread(self.catalog.register_standby, self.me)
+            except Exception as error:  # an unreachable catalog: no one can take over
+                log.warning("standby: cannot reach the catalog: %s", error)
+                await asyncio.sleep(self.options.poll_s)
+                continue
+            self.front.leader_address = state.leader.address if state.leader is not None else None
+            if self._cause(state) is not None:
+                found = monotonic()
+                taken = await asyncio.to_thread(self.catalog.take_lead, self.me, self.options.lease_ms, self._cause)
+                if taken is not None:
+                    return taken[1], found
+            await asyncio.sleep(self.options.poll_s)
+
+    def _cause(self, state: Leadership) -> str | None:
+        return takeover_cause(state, self.me, self.catalog.now_ms(), self.options.lease_ms)
+
+
+async def keep_lease(catalog: Catalog, me: ControllerSpec, clock: LeaseClock, on_lost: Callable[[str], None]) -> None:
+    """Renew the lease every `renew_ms` and watch the leader's clock; `on_lost(why)`
+    once it stops serving (returns then)."""
+    options = clock.options
+
+    async def renew() -> None:
+        while True:
+            started = monotonic()
+            try:
+                state = await asyncio.to_thread(catalog.renew_lease, me.id, options.lease_ms, STALE_LEASES * options.lease_ms)
+            except Fenced as error:
+                on_lost(str(error))
+                return
+            except Exception as error:  # a slow or unreachable catalog: the watch decides
+                log.warning("renewing the lease failed: %s", error)
+            else:
+                clock.renewed(started, state)
+            await asyncio.sleep(options.renew_ms / 1000)
+
+    renewing = asyncio.ensure_future(renew())
+    try:
+        while not renewing.done():
+            if not clock.serving(monotonic()):
+                on_lost(f"its lease was not renewed within {options.lease_ms - options.margin_ms} ms, and a standby may take over")
+                return
+            await asyncio.sleep(0.05)
+    finally:
+        renewing.cancel()

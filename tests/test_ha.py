@@ -1,0 +1,127 @@
+"""Controller high availability with real processes: `tandem serve` leaders and
+`--standby` processes on one catalog (SQLite, one host), a real replica, and a client
+given every controller's address. A kill -9 of the leader, a hung leader (SIGSTOP) and
+an operator's stop each move the lead to the standby; the client follows, no
+acknowledged append is lost or doubled, and strict reads see every one of them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+
+import grpc
+import pytest
+
+from controller._process import ControllerProcess, kill_replicas, wait_until
+from controller.client import Client
+from protocol import controller_codec as codec
+from protocol import controller_pb2 as pb
+from protocol import controller_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.spark
+
+LEASE = ["--lease-ms", "3000", "--lease-renew-ms", "500", "--lease-margin-ms", "1000"]
+TOTALS = "SELECT count(*) AS n, sum(v) AS total FROM s"
+
+
+def _controller(tmp_path, name: str, port: int, *, standby: bool) -> ControllerProcess:
+    """A controller on the shared catalog and blobs, in a data directory of its own,
+    listening on `port` (a restart by its supervisor takes the same one)."""
+    shared = tmp_path / "shared"
+    return ControllerProcess(
+        tmp_path / name,
+        catalog_url=f"sqlite:///{shared / 'catalog.db'}",
+        log_name=f"serve-{time.monotonic_ns()}.log",
+        serve_args=["--listen", f"127.0.0.1:{port}", "--blob-uri", str(shared / "blobs"), *LEASE, *(["--standby"] if standby else [])],
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _refusal(address: str) -> grpc.RpcError:
+    """What a controller that does not lead answers to a call."""
+    with grpc.insecure_channel(address) as channel:
+        try:
+            pb_grpc.ControllerStub(channel).ListSources(pb.ListSourcesRequest(), timeout=10)
+        except grpc.RpcError as error:
+            return error
+    raise AssertionError(f"{address} answered as the leader")
+
+
+def test_the_lead_moves_to_a_standby_on_a_kill_a_hang_and_a_stop_and_clients_follow(tmp_path):
+    ports = _free_port(), _free_port()
+    first = _controller(tmp_path, "c1", ports[0], standby=False)
+    second = _controller(tmp_path, "c2", ports[1], standby=True)
+    processes = [first, second]
+    try:
+        assert (first.epoch, second.epoch) == (1, 0)
+        refused = _refusal(second.address)
+        assert refused.code() is grpc.StatusCode.UNAVAILABLE and "standby" in refused.details()
+        assert dict(refused.trailing_metadata())[codec.LEADER_METADATA_KEY] == first.address
+
+        client = Client.connect(f"{second.address},{first.address}", failover=60)
+        assert client.address == first.address  # connect prefers the leader
+        client.create_instance("main", replica_timeout_ms=30_000)
+        client.add_replica("main", "r1", size="xsmall")
+        client.create_source("s", "id BIGINT NOT NULL, v DOUBLE")
+        client.create_dataflow("main", "totals", TOTALS)
+        acked: list[int] = []
+
+        def append_and_read(n: int) -> None:
+            start = len(acked)
+            acked.extend(range(start, start + n))
+            for i in range(start, start + n):
+                client.append("s", [{"id": i, "v": 1.0}])
+            rows = client.peek("main", "totals", consistency="strict", timeout_ms=120_000).rows
+            assert rows == [{"n": len(acked), "total": float(len(acked))}]
+
+        append_and_read(3)
+
+        # A kill -9: the standby on this host sees the leader's process gone at once.
+        first.kill()
+        killed = time.monotonic()
+        second.await_lead(120)
+        assert second.epoch == 2
+        append_and_read(2)  # the client follows to the new leader
+        print(f"kill -9: appends and strict reads served again after {time.monotonic() - killed:.1f} s")
+        took_over = [e.message for e in client.events("main") if e.kind == "took_over"]
+        assert "the leader's process" in took_over[-1] and "is gone" in took_over[-1]
+        status = client.status("main")[0]
+        assert status.replicas[0].dataflows_kept >= 1  # reconciled, not rebuilt
+
+        # A hang: the new standby (the first, restarted) waits for the lease to lapse;
+        # the hung leader, woken, finds it no longer leads and exits.
+        third = _controller(tmp_path, "c1", ports[0], standby=True)
+        processes.append(third)
+        time.sleep(1.5)  # a renewal counts it: the leader stops on its own clock from now on
+        os.kill(second.pid, signal.SIGSTOP)
+        hung = time.monotonic()
+        third.await_lead(120)
+        print(f"SIGSTOP: the standby led after {time.monotonic() - hung:.1f} s")
+        os.kill(second.pid, signal.SIGCONT)
+        assert second.process.wait(timeout=30) == 1
+        assert "this controller no longer leads" in second.log_path.read_text() or "superseded" in second.log_path.read_text()
+        append_and_read(2)
+
+        # An operator's stop: the lease ends at once, the replicas stay for the next leader.
+        fourth = _controller(tmp_path, "c2", ports[1], standby=True)
+        processes.append(fourth)
+        said = third.stop()
+        assert "left replica main/r1 running" in said and "a standby takes the lead" in said
+        fourth.await_lead(60)
+        append_and_read(1)
+        assert "no controller leads" in [e.message for e in client.events("main") if e.kind == "took_over"][-1]
+        wait_until(lambda: client.status("main")[0].health == "healthy", 60, "the instance healthy under its fourth leader")
+        client.close()
+    finally:
+        for process in processes:
+            if process.process.poll() is None:
+                os.kill(process.pid, signal.SIGCONT)
+                process.kill()
+        kill_replicas(tmp_path / "c1", f"sqlite:///{tmp_path / 'shared' / 'catalog.db'}")
