@@ -13,6 +13,7 @@ Two kinds, in one registry per controller:
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import TYPE_CHECKING
 
@@ -32,6 +33,9 @@ _FAMILIES = {
     "tandem_append_commits": (CounterMetricFamily, "Group commits of appends (the advancer's ticks included)", []),
     "tandem_appends_committed": (CounterMetricFamily, "Appends committed by group commits", []),
     "tandem_append_group": (GaugeMetricFamily, "Appends in the latest group commit", []),
+    "tandem_controller_epoch": (GaugeMetricFamily, "The epoch this controller leads at", []),
+    "tandem_standbys": (GaugeMetricFamily, "Standby controllers registered in the catalog", []),
+    "tandem_lease_remaining_seconds": (GaugeMetricFamily, "Until the leader's lease ends, by the catalog's clock", []),
     "tandem_history_commands": (GaugeMetricFamily, "Commands in the instance's history", ["instance"]),
     "tandem_history_reductions": (CounterMetricFamily, "Reductions of the history", ["instance"]),
     "tandem_history_pushes": (CounterMetricFamily, "Commands pushed to the history", ["instance"]),
@@ -116,6 +120,11 @@ class ControllerMetrics(LoopCollector):
         add("tandem_append_commits", (), ingest.commits)
         add("tandem_appends_committed", (), ingest.appends)
         add("tandem_append_group", (), ingest.last_group)
+        add("tandem_controller_epoch", (), self.controller.epoch)
+        leadership = await asyncio.to_thread(self.controller.catalog.leadership)
+        add("tandem_standbys", (), len(leadership.standbys))
+        if leadership.lease_expires_ms is not None:
+            add("tandem_lease_remaining_seconds", (), (leadership.lease_expires_ms - self.controller.catalog.now_ms()) / 1000)
         for name, driver in sorted(self.controller.drivers.items()):
             instance = driver.instance
             history = instance.history

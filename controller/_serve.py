@@ -110,10 +110,17 @@ async def serve(
     # Renewed from now on: a recovery may outlast the lease.
     clock = LeaseClock(lease, renewed_at=found)
     lost: list[str] = []
-    keeping = asyncio.ensure_future(keep_lease(controller.catalog, me, clock, lambda why: (lost.append(why), stopping.set())))
+
+    def lose(why: str) -> None:
+        lost.append(why)
+        front.refusal, front.leader_address = "this controller lost the lead", None
+        stopping.set()
+
     front.refusal = "this controller is taking the lead"
+    keeping = asyncio.ensure_future(keep_lease(controller.catalog, me, clock, lose))
     await controller.lead("" if cause == "started" else cause)
-    front.controller, front.clock = controller, clock
+    if not lost:  # else it lost the lead while recovering: it serves nothing
+        front.controller, front.clock = controller, clock
     if cause != "started":
         log.warning("took the lead as epoch %d (%s) in %d ms", controller.epoch, cause, 1000 * (monotonic() - found))
     http = ""

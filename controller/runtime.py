@@ -27,7 +27,7 @@ import time
 import uuid
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Awaitable, Callable, Mapping, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
 import pyarrow as pa
 
@@ -132,21 +132,10 @@ class Controller:
     # --- Life cycle -----------------------------------------------------------------------
 
     @classmethod
-    async def start(
-        cls,
-        data_dir: Path,
-        catalog_url: str | None = None,
-        *,
-        blob_uri: str | None = None,
-        upkeep: UpkeepOptions = UpkeepOptions(),
-        security: ServerSecurity = ServerSecurity(),
-        on_making_class_archive: Callable[[], None] = lambda: None,
-    ) -> Controller:
-        """Start a controller on `data_dir` (`prepare`), take the epoch at once (fencing
-        any older controller) and `lead`."""
-        controller = await cls.prepare(
-            data_dir, catalog_url, blob_uri=blob_uri, upkeep=upkeep, security=security, on_making_class_archive=on_making_class_archive
-        )
+    async def start(cls, data_dir: Path, catalog_url: str | None = None, **options: Any) -> Controller:
+        """`prepare` (the same arguments), take the epoch at once (fencing any older
+        controller) and `lead`."""
+        controller = await cls.prepare(data_dir, catalog_url, **options)
         try:
             await _blocking(controller.catalog.become_controller)
         except BaseException:

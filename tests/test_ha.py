@@ -17,6 +17,7 @@ import pytest
 from controller._process import ControllerProcess, kill_replicas, wait_until
 from controller.client import Client
 from protocol import controller_codec as codec
+from test_metrics import scrape
 from protocol import controller_pb2 as pb
 from protocol import controller_pb2_grpc as pb_grpc
 
@@ -82,6 +83,9 @@ def test_the_lead_moves_to_a_standby_on_a_kill_a_hang_and_a_stop_and_clients_fol
             assert rows == [{"n": len(acked), "total": float(len(acked))}]
 
         append_and_read(3)
+        scraped = scrape(first.metrics_address)
+        assert (scraped[("tandem_controller_epoch", frozenset())], scraped[("tandem_standbys", frozenset())]) == (1, 1)
+        assert 0 < scraped[("tandem_lease_remaining_seconds", frozenset())] <= 3
 
         # A kill -9: the standby on this host sees the leader's process gone at once.
         first.kill()

@@ -12,6 +12,7 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 from test_runtime_ddl import SCHEMA, _active_replica, _controller, _stop
 
+from catalog import Catalog, ControllerSpec
 from history import DataflowStatus, Frontier, FrontiersResponse, StatusResponse
 
 
@@ -37,6 +38,9 @@ def test_metrics_show_history_frontiers_hydration_peeks_and_steps(tmp_path):
         for steps in (1, 3):  # three steps seen over two reports
             status = StatusResponse(1, (DataflowStatus(index, True, steps=steps, last_step_ms=400),))
             controller.metrics.observe_status("main", "r1", status)
+        standby = Catalog.open(controller.catalog_url)
+        standby.register_standby(ControllerSpec("s1", "127.0.0.1:6877", "h", 2, None))
+        standby.close()
         address = controller.http.start("127.0.0.1:0")
         scraped = await asyncio.to_thread(scrape, address)  # the scrape reads state on this loop
         await asyncio.to_thread(controller.http.close)
@@ -47,6 +51,8 @@ def test_metrics_show_history_frontiers_hydration_peeks_and_steps(tmp_path):
     scraped, index = result["scraped"], result["index"]
     main, r1 = frozenset({("instance", "main")}), frozenset({("instance", "main"), ("replica", "r1")})
     collection = r1 | {("collection", index)}
+    assert (scraped[("tandem_controller_epoch", frozenset())], scraped[("tandem_standbys", frozenset())]) == (1, 1)
+    assert ("tandem_lease_remaining_seconds", frozenset()) not in scraped  # it took the epoch without a lease
     assert scraped[("tandem_history_commands", main)] >= 4
     assert scraped[("tandem_history_pushes_total", main)] >= 4
     assert scraped[("tandem_write_frontier_ms", collection)] == result["now"] - 3_000
