@@ -203,9 +203,12 @@ class Standby:
         return takeover_cause(state, self.me, self.catalog.now_ms(), self.options.lease_ms)
 
 
-async def keep_lease(catalog: Catalog, me: ControllerSpec, clock: LeaseClock, on_lost: Callable[[str], None]) -> None:
+async def keep_lease(
+    catalog: Catalog, me: ControllerSpec, clock: LeaseClock, on_lost: Callable[[str], None], on_fenced: Callable[[Fenced], None]
+) -> None:
     """Renew the lease every `renew_ms` and watch the leader's clock; `on_lost(why)`
-    once it stops serving (returns then)."""
+    once its clock says it may serve no more, `on_fenced(error)` once a renewal finds
+    another controller took the epoch (as any fenced write does); returns then."""
     options = clock.options
 
     async def renew() -> None:
@@ -214,7 +217,7 @@ async def keep_lease(catalog: Catalog, me: ControllerSpec, clock: LeaseClock, on
             try:
                 state = await asyncio.to_thread(catalog.renew_lease, me.id, options.lease_ms, STALE_LEASES * options.lease_ms)
             except Fenced as error:
-                on_lost(str(error))
+                on_fenced(error)
                 return
             except Exception as error:  # a slow or unreachable catalog: the watch decides
                 log.warning("renewing the lease failed: %s", error)

@@ -117,7 +117,7 @@ async def serve(
         stopping.set()
 
     front.refusal = "this controller is taking the lead"
-    keeping = asyncio.ensure_future(keep_lease(controller.catalog, me, clock, lose))
+    keeping = asyncio.ensure_future(keep_lease(controller.catalog, me, clock, lose, controller.learn_fenced))
     await controller.lead("" if cause == "started" else cause)
     if not lost:  # else it lost the lead while recovering: it serves nothing
         front.controller, front.clock = controller, clock

@@ -199,11 +199,13 @@ class Controller:
 
     def _start_tasks(self) -> None:
         loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(_every(ADVANCE_INTERVAL_S, self._advance_sources, "advancing sources", self._learn_fenced)))
+        self._tasks.append(loop.create_task(_every(ADVANCE_INTERVAL_S, self._advance_sources, "advancing sources", self.learn_fenced)))
         interval_s = self.upkeep.options.interval_ms / 1000
-        self._tasks.append(loop.create_task(_every(interval_s, self._upkeep_storage, "storage upkeep", self._learn_fenced)))
+        self._tasks.append(loop.create_task(_every(interval_s, self._upkeep_storage, "storage upkeep", self.learn_fenced)))
 
-    def _learn_fenced(self, error: Fenced) -> None:
+    def learn_fenced(self, error: Fenced) -> None:
+        """Another controller took the epoch (a fenced write, or a lease renewal, found
+        it): this one must stop (`fenced_event`)."""
         if self.fenced is None:
             self.fenced = error
             self.fenced_event.set()
@@ -283,7 +285,7 @@ class Controller:
             self._epoch,
             resolve_address=lambda replica, attempt: self._replica_address(name, replica, attempt),
             durable=self._record,
-            on_fenced=self._learn_fenced,
+            on_fenced=self.learn_fenced,
             security=self.security,
             recompute=lambda desc, time: self._recompute_digest(name, desc, time),
             on_status=lambda replica, response: self.metrics.observe_status(name, replica, response),
