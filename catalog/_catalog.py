@@ -204,10 +204,10 @@ class Catalog:
         with self._write(fenced=False) as session:
             return _leadership.register_standby(session, me, self._now_ms())
 
-    def leave_leadership(self, me: str) -> None:
-        """`me` stops taking part (a leader's lease ends at once)."""
+    def leave_leadership(self, me: str) -> Leadership:
+        """`me` stops taking part (a leader's lease ends at once); the leadership after."""
         with self._write(fenced=False) as session:
-            _leadership.leave(session, me)
+            return _leadership.leave(session, me)
 
     def leadership(self) -> Leadership:
         with self._read() as session:

@@ -135,13 +135,15 @@ def register_standby(session: Session, me: ControllerSpec, now_ms: int) -> Leade
     return _leadership(session, row)
 
 
-def leave(session: Session, me: str) -> None:
+def leave(session: Session, me: str) -> Leadership:
     """`me` stops taking part: its row goes; a leader's lease ends at once (it serves no
-    more), so a standby takes the lead without waiting for it to lapse."""
+    more), so a standby takes the lead without waiting for it to lapse. The state after,
+    with the standbys that may take the lead."""
     row = _locked(session)
     if row.leader_id == me:
         row.leader_id = row.lease_expires_ms = None
     session.execute(delete(ControllerProcess).where(ControllerProcess.id == me))
+    return _leadership(session, row)
 
 
 def _row(me: ControllerSpec, role: str, now_ms: int, seen_renewal: int) -> ControllerProcess:

@@ -14,6 +14,7 @@ Two kinds, in one registry per controller:
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
 
 
 _COLLECTION = ["instance", "replica", "collection"]  # replica "" for the instance's W
+
+log = logging.getLogger(__name__)
 
 _FAMILIES = {
     "tandem_append_commits": (CounterMetricFamily, "Group commits of appends (the advancer's ticks included)", []),
@@ -121,10 +124,14 @@ class ControllerMetrics(LoopCollector):
         add("tandem_appends_committed", (), ingest.appends)
         add("tandem_append_group", (), ingest.last_group)
         add("tandem_controller_epoch", (), self.controller.epoch)
-        leadership = await asyncio.to_thread(self.controller.catalog.leadership)
-        add("tandem_standbys", (), len(leadership.standbys))
-        if leadership.lease_expires_ms is not None:
-            add("tandem_lease_remaining_seconds", (), (leadership.lease_expires_ms - self.controller.catalog.now_ms()) / 1000)
+        try:
+            leadership = await asyncio.to_thread(self.controller.catalog.leadership)
+        except Exception as error:  # an unreachable catalog: the rest of the scrape still answers
+            log.warning("metrics: cannot read the leadership: %s", error)
+        else:
+            add("tandem_standbys", (), len(leadership.standbys))
+            if leadership.lease_expires_ms is not None:
+                add("tandem_lease_remaining_seconds", (), (leadership.lease_expires_ms - self.controller.catalog.now_ms()) / 1000)
         for name, driver in sorted(self.controller.drivers.items()):
             instance = driver.instance
             history = instance.history

@@ -143,8 +143,7 @@ async def serve(
         await controller.stop()
         raise ControllerError("UNAVAILABLE", str(controller.fenced) if controller.fenced is not None else f"this controller no longer leads: {lost[0]}")
     try:
-        standbys = (await asyncio.to_thread(controller.catalog.leadership)).standbys
-        await asyncio.to_thread(controller.catalog.leave_leadership, me.id)
+        standbys = (await asyncio.to_thread(controller.catalog.leave_leadership, me.id)).standbys
     except Exception as error:  # the catalog is unreachable: the lease lapses on its own
         log.warning("could not end the lease: %s", error)
         standbys = ()

@@ -101,8 +101,9 @@ def test_a_leader_that_leaves_ends_its_lease_and_forgets_silent_standbys(tmp_pat
     b.register_standby(ME)
     clock.ms += 15_001
     assert a.renew_lease("a", 5_000, 15_000).standbys == ()  # b was silent for 3 leases
-    a.leave_leadership("a")
-    state = b.register_standby(ME)
+    b.register_standby(ME)  # heard from again
+    assert [s.id for s in a.leave_leadership("a").standbys] == ["b"]  # what the leaver's stop reads
+    state = b.leadership()
     assert state.leader is None and takeover_cause(state, ME, clock.ms, 5_000) == "no controller leads"
 
 

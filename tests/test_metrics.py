@@ -43,9 +43,15 @@ def test_metrics_show_history_frontiers_hydration_peeks_and_steps(tmp_path):
         standby.close()
         address = controller.http.start("127.0.0.1:0")
         scraped = await asyncio.to_thread(scrape, address)  # the scrape reads state on this loop
+
+        def unreachable():
+            raise OSError("the catalog is unreachable")
+
+        controller.catalog.leadership = unreachable
+        without_catalog = await asyncio.to_thread(scrape, address)
         await asyncio.to_thread(controller.http.close)
         await _stop(controller)
-        return {"scraped": scraped, "index": index, "now": now}
+        return {"scraped": scraped, "index": index, "now": now, "without_catalog": without_catalog}
 
     result = asyncio.run(run())
     scraped, index = result["scraped"], result["index"]
@@ -53,6 +59,9 @@ def test_metrics_show_history_frontiers_hydration_peeks_and_steps(tmp_path):
     collection = r1 | {("collection", index)}
     assert (scraped[("tandem_controller_epoch", frozenset())], scraped[("tandem_standbys", frozenset())]) == (1, 1)
     assert ("tandem_lease_remaining_seconds", frozenset()) not in scraped  # it took the epoch without a lease
+    # An unreachable catalog costs the leadership samples, not the scrape.
+    assert result["without_catalog"][("tandem_controller_epoch", frozenset())] == 1
+    assert ("tandem_standbys", frozenset()) not in result["without_catalog"]
     assert scraped[("tandem_history_commands", main)] >= 4
     assert scraped[("tandem_history_pushes_total", main)] >= 4
     assert scraped[("tandem_write_frontier_ms", collection)] == result["now"] - 3_000
