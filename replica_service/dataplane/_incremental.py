@@ -249,13 +249,7 @@ class IncrementalDataflow:
             dirty_groups = _count(dirty)  # computes (and checkpoints) the grouped table
             repaired = dirty_groups > 0
             if repaired:
-                self._bind("__dirty", dirty)
-                for leaf in self.plan.leaves:
-                    self._bind(leaf.view, bindings[leaf.position].new)
-                self._bind("__full", self._frame(self.plan.full))
-                repair = self._repair_sql(broadcast=dirty_groups <= _BROADCAST_DIRTY)
-                base_parts.append(self.checkpoint(self._sql(repair)))
-                self._bind("__repaired", base_parts[-1])
+                base_parts.append(self._repaired(dirty, bindings, lambda: self._repair_sql(broadcast=dirty_groups <= _BROADCAST_DIRTY)))
             summed = self._sql(self._extremes_sql(repaired))
         self._bind("__summed", summed)
         summed_values = {}
@@ -349,12 +343,7 @@ class IncrementalDataflow:
         dirty_pairs = _count(dirty)  # computes (and checkpoints) the timed table
         repaired = dirty_pairs > 0
         if repaired:
-            self._bind("__dirty", dirty)
-            for leaf in self.plan.leaves:
-                self._bind(leaf.view, bindings[leaf.position].new)
-            self._bind("__full", self._frame(self.plan.full))
-            base_parts.append(self.checkpoint(self._sql(self._repair_timed_sql(broadcast=dirty_pairs <= _BROADCAST_DIRTY))))
-            self._bind("__repaired", base_parts[-1])
+            base_parts.append(self._repaired(dirty, bindings, lambda: self._repair_timed_sql(broadcast=dirty_pairs <= _BROADCAST_DIRTY)))
         self._bind("__steps", self._sql(self._timed_extremes_sql(repaired)))
         return self._sql(self._last_extremes_sql())
 
@@ -443,6 +432,18 @@ class IncrementalDataflow:
         key_list = _prefix(", ".join(self._keys))
         grouping = f" GROUP BY {', '.join(self._keys)}" if self._keys else ""
         return f"SELECT {key_list}count(IF(old_c > 0, __v, NULL)) AS old_cd{a} FROM __vsummed{a}{grouping}"
+
+    def _repaired(self, dirty: DataFrame, bindings: Mapping[int, Binding], repair_sql: Callable[[], str]) -> DataFrame:
+        """The extremes of the `dirty` groups (or group and time pairs) recomputed from
+        the input (`repair_sql`, over `__dirty` and `__full`: every leaf as it is new),
+        checkpointed and bound as `__repaired`."""
+        self._bind("__dirty", dirty)
+        for leaf in self.plan.leaves:
+            self._bind(leaf.view, bindings[leaf.position].new)
+        self._bind("__full", self._frame(self.plan.full))
+        repaired = self.checkpoint(self._sql(repair_sql()))
+        self._bind("__repaired", repaired)
+        return repaired
 
     def _repair_timed_sql(self, *, broadcast: bool) -> str:
         """The extremes of the dirty (group, time) pairs (`__dirty`), recomputed from the
