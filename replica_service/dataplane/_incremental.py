@@ -226,6 +226,10 @@ class IncrementalDataflow:
         in). An *overlaid* step sums only the touched groups' current rows with the
         change, and their new rows replace theirs in the overlay; the base stays."""
         time, timed = times[-1], len(times) > 1
+        if timed:
+            # Read by every query of the step: its batches (one per time, each a file to
+            # open) are scanned once, not once per query.
+            pre = self.checkpoint(pre)
         self._bind("__pre", pre)
         overlaid, touched_groups = self._overlay_applies(), 0
         if overlaid:
@@ -259,7 +263,7 @@ class IncrementalDataflow:
             summed_values[a] = self.checkpoint(self._sql(self._summed_values_sql(a)))
             self._bind(f"__vsummed{a}", summed_values[a])
         if timed:
-            summed = self._timed(bindings, base_parts)
+            summed = self._timed(times, bindings, base_parts)
             self._bind("__summed", summed)
         keys = _prefix(", ".join(self._keys))
         accumulators = ", ".join(f"new_{n} AS {n}" for n in (*self._accumulators, *self._extremes))
@@ -317,7 +321,7 @@ class IncrementalDataflow:
 
     # --- Steps of several times ----------------------------------------------------------
 
-    def _timed(self, bindings: Mapping[int, Binding], base_parts: list[DataFrame]) -> DataFrame:
+    def _timed(self, times: Sequence[int], bindings: Mapping[int, Binding], base_parts: list[DataFrame]) -> DataFrame:
         """Bind `__steps` for a step covering several times: per touched group and time
         it changed, its accumulators after (`new_*`) and before (`old_*`) that time's
         change, its extremes and distinct counts likewise. Returns the step's grouped
@@ -343,7 +347,8 @@ class IncrementalDataflow:
         dirty_pairs = _count(dirty)  # computes (and checkpoints) the timed table
         repaired = dirty_pairs > 0
         if repaired:
-            base_parts.append(self._repaired(dirty, bindings, lambda: self._repair_timed_sql(broadcast=dirty_pairs <= _BROADCAST_DIRTY)))
+            self._bind("__ranks", arrow_frame(self.session, pa.table({TIME: pa.array(times, pa.int64()), "__i": pa.array(range(len(times)), pa.int64())})))
+            base_parts.append(self._repaired(dirty, bindings, lambda: self._repair_timed_sql(times, broadcast=dirty_pairs <= _BROADCAST_DIRTY)))
         self._bind("__steps", self._sql(self._timed_extremes_sql(repaired)))
         return self._sql(self._last_extremes_sql())
 
@@ -445,29 +450,81 @@ class IncrementalDataflow:
         self._bind("__repaired", repaired)
         return repaired
 
-    def _repair_timed_sql(self, *, broadcast: bool) -> str:
-        """The extremes of the dirty (group, time) pairs (`__dirty`), recomputed from the
-        input at each pair's time: `__full`'s updates through it, per value summed, and
-        the extremes of the values still there (`_repair_sql`, at several times)."""
+    def _repair_timed_sql(self, times: Sequence[int], *, broadcast: bool) -> str:
+        """The extremes of the dirty (group, time) pairs (`__dirty`), at each pair's time,
+        from one scan of the dirty groups' input (`__full`: every update through the
+        last time) and a pass over the step's changes, not a scan per pair.
+
+        Per argument, each of a group's values has a count from the updates before the
+        first time and changes at some of the step's times (`__ranks`: a time's index
+        i). A value no time changed is there at every time: the extreme of those is the
+        group's *static* extreme. A changed value is there over runs of indexes
+        [start, end); only runs beyond the static extreme matter. Each run is cut into
+        the aligned segments [j 2^k, (j + 1) 2^k) that tile it, at most two per level
+        k (as a segment tree updates a range), and each segment keeps the extreme of
+        its runs' values; the extreme at index i is then the static one with those of
+        the segments holding i, one per level. So a repair costs the dirty groups'
+        input, plus the changes and the dirty pairs times the levels (log2 |times|)."""
         keys = self._keys
-        pair = [*(f"d.{k}" for k in keys), f"d.{TIME}"]
-        pair_list = ", ".join(pair)
-        hint = "/*+ BROADCAST(d) */ " if broadcast else ""
-        source = "__dirty d"
-        columns = list(pair)
+        key_list = _prefix(", ".join(keys))
+        count = len(times)
+        levels = f"LATERAL VIEW explode(sequence(0, {max(1, (count - 1).bit_length())})) AS __lv"
+        groups = f"SELECT DISTINCT {', '.join(keys)} FROM __dirty" if keys else None
+        scanned = "__full f"
+        if groups:
+            hint = "/*+ BROADCAST(g) */ " if broadcast else ""
+            scanned += f" LEFT SEMI JOIN ({groups}) g ON {_matching('f', 'g', keys)}"
+        else:
+            hint = ""
+        index = (
+            f"CASE WHEN f.{TIME} < {times[0]} THEN -1 WHEN r.__i IS NOT NULL THEN r.__i "
+            f"ELSE raise_error('a change at ' || f.{TIME} || ', not a time of the step of dataflow {_sql_text(self.what)}') END"
+        )
+        pairs = f"SELECT /*+ BROADCAST(r) */ d.*, r.__i FROM __dirty d JOIN __ranks r ON d.{TIME} = r.{TIME}"
+        source = f"({pairs}) d"
+        columns = [*(f"d.{k}" for k in keys), f"d.{TIME}"]
+        value_key = f"{key_list}__v"
         for a in sorted({a for _, a in self._extremes.values()}):
             value = _extreme_value(f"f.__x{a}", self.plan.aggregate.arguments[a])
-            extremes = ", ".join(f"{function}(__v) AS rep_{name}" for name, (function, b) in self._extremes.items() if b == a)
-            columns += [f"r{a}.rep_{name}" for name, (_, b) in self._extremes.items() if b == a]
-            counted = (
-                f"SELECT {hint}{pair_list}, {value} AS __v, sum(f.{DIFF}) AS __c FROM __full f JOIN __dirty d "
-                f"ON {_matching('f', 'd', keys)} AND f.{TIME} <= d.{TIME} WHERE f.__x{a} IS NOT NULL GROUP BY {pair_list}, {value}"
+            events = (
+                f"SELECT {hint}{_prefix(', '.join(f'f.{k}' for k in keys))}{value} AS __v, {index} AS __i, sum(f.{DIFF}) AS __d "
+                f"FROM {scanned} LEFT JOIN __ranks r ON f.{TIME} = r.{TIME} WHERE f.__x{a} IS NOT NULL "
+                f"GROUP BY {_prefix(', '.join(f'f.{k}' for k in keys))}{value}, {index}"
             )
-            grouping = ", ".join([*keys, TIME])
-            source += (
-                f" LEFT JOIN (SELECT {grouping}, {extremes} FROM ({counted}) WHERE __c > 0 GROUP BY {grouping}) r{a}"
-                f" ON {_matching('d', f'r{a}', keys)} AND d.{TIME} = r{a}.{TIME}"
+            window = f"(PARTITION BY {value_key} ORDER BY __i)"
+            runs = (
+                f"SELECT {value_key}, greatest(__i, 0) AS __s, coalesce(lead(__i) OVER {window}, {count}) AS __e, "
+                f"sum(__d) OVER ({window[1:-1]} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS __c FROM ({events})"
             )
+            for name, (function, b) in self._extremes.items():
+                if b != a:
+                    continue
+                static = f"SELECT {key_list}{function}(__v) AS __st FROM ({runs}) WHERE __c > 0 AND __s = 0 AND __e = {count}"
+                if keys:
+                    static += f" GROUP BY {', '.join(keys)}"
+                beyond = ">" if function == "max" else "<"
+                relevant = (
+                    f"SELECT u.* FROM ({runs}) u LEFT JOIN ({static}) s ON {_matching('u', 's', keys)} "
+                    f"WHERE u.__c > 0 AND u.__s < u.__e AND NOT (u.__s = 0 AND u.__e = {count}) AND (s.__st IS NULL OR u.__v {beyond} s.__st)"
+                )
+                low, high = "shiftright(__s + shiftleft(1, __lv) - 1, __lv)", "shiftright(__e, __lv)"
+                cut = (
+                    f"SELECT {key_list}__lv, explode(array(IF({low} < {high} AND {low} % 2 = 1, {low}, NULL), "
+                    f"IF({low} < {high} AND {high} % 2 = 1, {high} - 1, NULL))) AS __j, __v FROM ({relevant}) {levels}"
+                )
+                segments = f"SELECT {key_list}__lv, __j, {function}(__v) AS __m FROM ({cut}) WHERE __j IS NOT NULL GROUP BY {key_list}__lv, __j"
+                held = (
+                    f"SELECT {_prefix(', '.join(f'p.{k}' for k in keys))}p.{TIME}, {function}(m.__m) AS __m "
+                    f"FROM (SELECT *, shiftright(__i, __lv) AS __j FROM ({pairs}) {levels}) p "
+                    f"JOIN ({segments}) m ON {_matching('p', 'm', keys)} AND p.__lv = m.__lv AND p.__j = m.__j "
+                    f"GROUP BY {_prefix(', '.join(f'p.{k}' for k in keys))}p.{TIME}"
+                )
+                combine = "greatest" if function == "max" else "least"
+                columns.append(f"{combine}(s{name}.__st, h{name}.__m) AS rep_{name}")
+                source += (
+                    f" LEFT JOIN ({static}) s{name} ON {_matching('d', f's{name}', keys)}"
+                    f" LEFT JOIN ({held}) h{name} ON {_matching('d', f'h{name}', keys)} AND d.{TIME} = h{name}.{TIME}"
+                )
         return f"SELECT {', '.join(columns)} FROM {source}"
 
     def _timed_extremes_sql(self, repaired: bool) -> str:
