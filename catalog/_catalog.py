@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 
 from catalog import _collections, _events, _instances, _leadership, _manifest, _reconfigurations, _recovery
 from catalog._leadership import ControllerSpec, Leadership
-from catalog._engine import default_url, make_engine, read_only, upgrade
+from catalog._engine import BUSY_MS, default_url, make_engine, read_only, upgrade
 from catalog._errors import AlreadyExists, Fenced, InvalidArgument
 from catalog._instances import (
     DEFAULT_MAX_HOLD_BACK_MS,
@@ -122,10 +122,11 @@ class Catalog:
     # --- Transactions -------------------------------------------------------------------
 
     @contextmanager
-    def _write(self, *, fenced: bool = True, conflict: str | None = None) -> Iterator[Session]:
+    def _write(self, *, fenced: bool = True, conflict: str | None = None, busy_ms: int | None = None) -> Iterator[Session]:
         """One write transaction, fenced by the epoch unless `fenced` is False.
         `conflict` is the AlreadyExists message for a unique-constraint violation (two
-        concurrent creations of one name)."""
+        concurrent creations of one name); `busy_ms` bounds its wait for SQLite's write
+        lock (`BUSY_MS`)."""
         if fenced and self._epoch is None:
             raise Fenced(
                 "this catalog is not the controller's: call become_controller() before "
@@ -133,7 +134,8 @@ class Catalog:
                 epoch=None,
                 current=None,
             )
-        session = Session(self._engine, expire_on_commit=False)
+        engine = self._engine if busy_ms is None else self._engine.execution_options(**{BUSY_MS: busy_ms})
+        session = Session(engine, expire_on_commit=False)
         try:
             with session.begin():
                 if fenced:
@@ -181,12 +183,12 @@ class Catalog:
     # --- Leadership (`_leadership.py`) -------------------------------------------------
 
     def take_lead(
-        self, me: ControllerSpec, lease_ms: int, decide: Callable[[Leadership], str | None]
+        self, me: ControllerSpec, lease_ms: int, decide: Callable[[Leadership], str | None], *, busy_ms: int | None = None
     ) -> tuple[int, str] | None:
         """Become the controller with a lease of `lease_ms` if `decide` (given the
         state under the lock) names a cause: bump the epoch (fencing every older
         controller) and hold it, as `become_controller`; (epoch, cause), or None."""
-        with self._write(fenced=False) as session:
+        with self._write(fenced=False, busy_ms=busy_ms) as session:
             taken = _leadership.take_lead(session, me, lease_ms, self._now_ms(), decide)
         if taken is not None:
             self._epoch = taken[0]
@@ -199,9 +201,9 @@ class Catalog:
         with self._write() as session:
             return _leadership.renew_lease(session, me, lease_ms, self._now_ms(), forget_after_ms)
 
-    def register_standby(self, me: ControllerSpec) -> Leadership:
+    def register_standby(self, me: ControllerSpec, *, busy_ms: int | None = None) -> Leadership:
         """Record (or refresh) standby `me`; the leadership as it is."""
-        with self._write(fenced=False) as session:
+        with self._write(fenced=False, busy_ms=busy_ms) as session:
             return _leadership.register_standby(session, me, self._now_ms())
 
     def leave_leadership(self, me: str) -> Leadership:

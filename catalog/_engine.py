@@ -4,10 +4,13 @@ Rules of this module:
 - SQLite (the default) runs in WAL mode with a busy timeout and foreign keys on. Write
   transactions start with `BEGIN IMMEDIATE`, so concurrent writers queue on the busy
   timeout instead of failing when a read lock must be upgraded; read transactions start
-  with a plain `BEGIN` and see one snapshot.
+  with a plain `BEGIN` and see one snapshot. A write may wait less (`BUSY_MS`): a
+  standby's poll must not queue behind a leader hung while it holds the write lock.
 - PostgreSQL is reached through psycopg 3. Read transactions run at REPEATABLE READ so a
   multi-statement read sees one snapshot; writes run at READ COMMITTED and take explicit
-  row locks (see `_catalog.py`).
+  row locks (see `_catalog.py`). A session idle inside a transaction for
+  `IDLE_IN_TRANSACTION_MS` is ended by the server, so a client hung mid-transaction (a
+  leader stopped by SIGSTOP) releases its locks and a standby's takeover goes on.
 - The schema is created and upgraded only by Alembic (`migrations/`, found as the package
   resource "migrations:"; this module does not import it).
 """
@@ -26,6 +29,8 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 
 BUSY_TIMEOUT_MS = 30_000
+BUSY_MS = "tandem_busy_ms"  # execution option: a write's busy timeout on SQLite, if not BUSY_TIMEOUT_MS
+IDLE_IN_TRANSACTION_MS = 5_000
 MIGRATIONS = "migrations:"
 READ_ONLY = "tandem_read_only"  # execution option marking read transactions
 
@@ -48,7 +53,9 @@ def make_engine(url: str | URL) -> Engine:
     parsed = normalize_url(url)
     if parsed.get_backend_name() == "sqlite":
         return _sqlite_engine(parsed)
-    return create_engine(parsed, pool_size=8, max_overflow=16)
+    # Added to the URL's own options (a search_path, say), which connect_args would replace.
+    options = " ".join(filter(None, [parsed.query.get("options"), f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS}"]))
+    return create_engine(parsed.update_query_dict({"options": options}), pool_size=8, max_overflow=16)
 
 
 def _use_wal(cursor: sqlite3.Cursor) -> None:
@@ -91,8 +98,12 @@ def _sqlite_engine(url: URL) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection) -> None:  # type: ignore[no-untyped-def]
-        read_only = connection.get_execution_options().get(READ_ONLY, False)
-        connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+        options = connection.get_execution_options()
+        busy_ms = options.get(BUSY_MS, BUSY_TIMEOUT_MS)
+        if connection.info.get(BUSY_MS, BUSY_TIMEOUT_MS) != busy_ms:  # the pooled connection's setting
+            connection.exec_driver_sql(f"PRAGMA busy_timeout={int(busy_ms)}")
+            connection.info[BUSY_MS] = busy_ms
+        connection.exec_driver_sql("BEGIN" if options.get(READ_ONLY, False) else "BEGIN IMMEDIATE")
 
     return engine
 

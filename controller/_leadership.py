@@ -23,6 +23,11 @@ Rules:
   every write the old leader still attempts fails, as after a restart.
 - A leader that stops on purpose ends its lease (`Catalog.leave_leadership`): a standby
   takes over at its next poll.
+- A standby's catalog writes wait for SQLite's write lock at most `renew_ms`. A leader
+  hung (SIGSTOP) inside a write transaction holds that lock, and nobody can write: a
+  standby on its host that finds the catalog locked, the lease lapsed and the leader's
+  process alive kills it (`Standby.kill_hung_leader`); it has stopped serving on its own
+  clock by then. (PostgreSQL ends such a session itself: `IDLE_IN_TRANSACTION_MS`.)
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import socket
 import uuid
 from collections.abc import Callable
@@ -173,6 +179,7 @@ class Standby:
     me: ControllerSpec
     options: LeaseOptions
     front: Front
+    killed: str | None = None  # why it killed the leader's process, until it takes the lead
 
     async def register(self) -> str | None:
         """Register this standby (once, before it says it stands by); the leader's
@@ -184,23 +191,40 @@ class Standby:
     async def wait(self) -> tuple[str, float]:
         """Poll (registering this standby each time) until it takes the lead; the cause,
         and the monotonic time it first found it could."""
+        busy_ms = self.options.renew_ms
         while True:
             try:
-                state = await asyncio.to_thread(self.catalog.register_standby, self.me)
+                state = await asyncio.to_thread(self.catalog.register_standby, self.me, busy_ms=busy_ms)
+                self.front.leader_address = state.leader.address if state.leader is not None else None
+                if self._cause(state) is not None:
+                    found = monotonic()
+                    taken = await asyncio.to_thread(self.catalog.take_lead, self.me, self.options.lease_ms, self._cause, busy_ms=busy_ms)
+                    if taken is not None:
+                        return taken[1], found
             except Exception as error:  # an unreachable catalog: no one can take over
                 log.warning("standby: cannot reach the catalog: %s", error)
-                await asyncio.sleep(self.options.poll_s)
-                continue
-            self.front.leader_address = state.leader.address if state.leader is not None else None
-            if self._cause(state) is not None:
-                found = monotonic()
-                taken = await asyncio.to_thread(self.catalog.take_lead, self.me, self.options.lease_ms, self._cause)
-                if taken is not None:
-                    return taken[1], found
+                if self.catalog.dialect == "sqlite" and "locked" in str(error):
+                    await asyncio.to_thread(self.kill_hung_leader)
             await asyncio.sleep(self.options.poll_s)
 
+    def kill_hung_leader(self) -> None:
+        """Kill the leader's process if it is on this host, alive, and its lapsed lease
+        is this standby's to take (so it stopped serving on its own clock): called when
+        the catalog stays locked, which on SQLite means it hangs holding the write lock."""
+        state = self.catalog.leadership()  # a read: WAL lets it past the writer
+        leader, cause = state.leader, self._cause(state)
+        if leader is None or leader.host != self.me.host or cause is None or process_gone(leader):
+            return
+        try:
+            os.kill(leader.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        self.killed = f"{cause} and its process (pid {leader.pid}) held the catalog's write lock, hung: this standby killed it"
+        log.warning("standby: %s", self.killed)
+
     def _cause(self, state: Leadership) -> str | None:
-        return takeover_cause(state, self.me, self.catalog.now_ms(), self.options.lease_ms)
+        cause = takeover_cause(state, self.me, self.catalog.now_ms(), self.options.lease_ms)
+        return self.killed if cause is not None and self.killed is not None else cause
 
 
 async def keep_lease(

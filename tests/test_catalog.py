@@ -6,7 +6,9 @@ checked to have written nothing, by comparing every row of the database before a
 
 from __future__ import annotations
 
+import sqlite3
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from catalog import (
     DETERMINISTIC_SPARK_CONF,
     AlreadyExists,
     Catalog,
+    ControllerSpec,
     FailedPrecondition,
     HoldOwner,
     InvalidArgument,
@@ -23,7 +26,7 @@ from catalog import (
     _collections,
     make_engine,
 )
-from catalog._engine import normalize_url
+from catalog._engine import IDLE_IN_TRANSACTION_MS, normalize_url
 from history import ComputeParameters, Frontier, Import, IndexExport, SinkExport
 
 SCHEMA = "id BIGINT NOT NULL, region STRING"
@@ -86,6 +89,33 @@ def test_foreign_keys_are_enforced(controller: Catalog, catalog_url: str) -> Non
     with pytest.raises(Exception, match="(?i)foreign key"), engine.begin() as connection:
         connection.execute(text(insert))
     engine.dispose()
+
+
+def test_a_writer_hung_inside_a_transaction_does_not_lock_a_standby_out_for_long(catalog: Catalog, catalog_url: str) -> None:
+    """A leader stopped mid-transaction holds its locks: on SQLite a standby's write waits
+    only its own `busy_ms` for the lock; PostgreSQL ends the hung session itself."""
+    standby = ControllerSpec("b", "x:2", "h1", 1, None)
+    if catalog.dialect == "sqlite":
+        hung = sqlite3.connect(catalog_url.removeprefix("sqlite:///"), isolation_level=None)
+        hung.execute("BEGIN IMMEDIATE")
+        started = time.monotonic()
+        with pytest.raises(Exception, match="locked"):
+            catalog.register_standby(standby, busy_ms=200)
+        assert time.monotonic() - started < 5
+        hung.execute("ROLLBACK")
+    else:
+        engine = make_engine(catalog_url)
+        hung = engine.connect()
+        hung.begin()
+        hung.execute(text("SELECT epoch FROM controller_epoch WHERE id = 1 FOR UPDATE"))
+        started = time.monotonic()
+        catalog.register_standby(standby)
+        catalog.become_controller()  # waits for the row lock until the server ends `hung`
+        assert IDLE_IN_TRANSACTION_MS / 1000 - 0.5 < time.monotonic() - started < IDLE_IN_TRANSACTION_MS / 1000 + 10
+        with pytest.raises(Exception, match="(?i)idle-in-transaction|terminat|closed"):
+            hung.execute(text("SELECT 1"))
+        engine.dispose()
+    assert [s.id for s in catalog.register_standby(standby).standbys] == ["b"]
 
 
 # --- Instances ----------------------------------------------------------------------------

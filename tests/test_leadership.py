@@ -6,7 +6,11 @@ once the faults end."""
 
 from __future__ import annotations
 
+import asyncio
 import random
+import socket
+import sqlite3
+import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +19,8 @@ import pytest
 
 from catalog import Catalog, ControllerInfo, ControllerSpec, Fenced, Leadership, make_engine
 from controller._api import ControllerError
-from controller._leadership import STALE_LEASES, LeaseClock, LeaseOptions, takeover_cause
+from controller._leadership import STALE_LEASES, Front, LeaseClock, LeaseOptions, Standby, takeover_cause
+from controller._orchestrator import process_start
 
 LEASE = LeaseOptions(lease_ms=5_000, renew_ms=1_000, margin_ms=1_500)
 ME = ControllerSpec("b", "127.0.0.1:7002", "h1", 20, None)
@@ -105,6 +110,42 @@ def test_a_leader_that_leaves_ends_its_lease_and_forgets_silent_standbys(tmp_pat
     assert [s.id for s in a.leave_leadership("a").standbys] == ["b"]  # what the leaver's stop reads
     state = b.leadership()
     assert state.leader is None and takeover_cause(state, ME, clock.ms, 5_000) == "no controller leads"
+
+
+def test_a_standby_kills_a_leader_on_its_host_that_hangs_holding_the_catalogs_write_lock(tmp_path):
+    """SQLite: a leader stopped inside a write transaction locks every writer out, so no
+    standby could take its lapsed lease; the standby on its host kills it once the lease
+    is its to take, and takes the lead when the lock is free."""
+    clock = _Clock()
+    (catalog,) = _catalogs(tmp_path, clock, 0)
+    hung = subprocess.Popen(["sleep", "120"])  # the hung leader's process
+    try:
+        leader = ControllerSpec("a", "x:1", socket.gethostname(), hung.pid, process_start(hung.pid))
+        me = ControllerSpec("b", "x:2", socket.gethostname(), 1, None)
+        catalog.take_lead(leader, 5_000, lambda state: "started")
+        catalog.register_standby(me)
+        catalog.renew_lease("a", 5_000, 15_000)  # the leader counted the standby
+        lock = sqlite3.connect(tmp_path / "catalog.db", isolation_level=None)
+        lock.execute("BEGIN IMMEDIATE")  # what the leader holds, stopped mid-transaction
+        standby = Standby(catalog, me, LeaseOptions(lease_ms=5_000, renew_ms=200, margin_ms=1_500), Front())
+
+        async def take_over() -> tuple[str, float]:
+            waiting = asyncio.ensure_future(standby.wait())
+            await asyncio.sleep(1)
+            assert hung.poll() is None and not waiting.done()  # the lease holds: it waits
+            clock.ms += 5_001
+            while hung.poll() is None:
+                await asyncio.sleep(0.05)
+            lock.execute("COMMIT")  # the kill ended the holder's transaction
+            return await asyncio.wait_for(waiting, 30)
+
+        cause, _ = asyncio.run(take_over())
+        assert hung.returncode == -9
+        assert cause.startswith("the leader's lease lapsed") and f"(pid {hung.pid}) held the catalog's write lock" in cause
+        assert catalog.leadership().leader.id == "b"
+    finally:
+        hung.kill()
+        hung.wait()
 
 
 # --- The simulation ----------------------------------------------------------------------
