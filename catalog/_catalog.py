@@ -563,20 +563,31 @@ class Catalog:
         with self._write(fenced=self.is_controller) as session:
             return _manifest.append_batch(session, id, expected_upper, new_upper, batch)
 
-    def append_group(self, write: Callable[[int], Mapping[str, NewBatch | None]]) -> int:
+    def append_group(
+        self, write: Callable[[int, Collection[str]], Mapping[str, NewBatch | None]], keys: Mapping[str, str] | None = None
+    ) -> tuple[int, dict[str, tuple[str, int]]]:
         """A group commit of appends to sources, at one new write timestamp `ts`, in one
-        fenced transaction: take `ts` from the oracle, have `write(ts)` write each
-        source's batch file (None: no rows), record every batch (covering
-        `[its upper, ts + 1)`), and move every live source's upper to `ts + 1`. All of
-        it commits or none does (a crash included); `ts` is returned. The files are
-        written while the transaction holds the oracle, so one commit (one fsync of
-        the catalog) serves the whole group, and no later timestamp is issued until
-        it ends."""
+        fenced transaction: take `ts` from the oracle, have `write(ts, earlier)` write
+        each source's batch file (None: no rows) but those of the appends whose keys are
+        in `earlier`, record every batch (covering `[its upper, ts + 1)`), and move
+        every live source's upper to `ts + 1`. All of it commits or none does (a crash
+        included). The files are written while the transaction holds the oracle, so one
+        commit (one fsync of the catalog) serves the whole group, and no later timestamp
+        is issued until it ends.
+
+        `keys` maps the idempotency key of each keyed append to its source: a key
+        committed before (`AppendKey`) is `earlier`, and comes back with the source and
+        timestamp it was committed at; the others are recorded at `ts`. Returns `ts`
+        and the earlier keys."""
+        keys = keys or {}
         with self._write() as session:
             row = session.scalars(select(TimestampOracle).where(TimestampOracle.id == 1).with_for_update()).one()
-            ts = row.last_ts = max(self._now_ms(), row.last_ts + 1)
-            _manifest.append_group(session, write(ts), ts)
-        return ts
+            now_ms = self._now_ms()
+            ts = row.last_ts = max(now_ms, row.last_ts + 1)
+            earlier = _manifest.earlier_appends(session, keys, now_ms)
+            _manifest.append_group(session, write(ts, earlier.keys()), ts)
+            _manifest.record_append_keys(session, {k: s for k, s in keys.items() if k not in earlier}, ts, now_ms)
+        return ts, earlier
 
     def advance_sources(self, upper: Frontier) -> list[str]:
         """Move every live source whose upper is below `upper` to it, in one fenced

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 from catalog._checks import check_frontier, check_text
 from catalog._collections import STORAGE, collection_row
 from catalog._errors import AlreadyExists, InvalidArgument, NotFound, UpperMismatch
-from catalog._models import Batch, Collection, ReadHold, RetiredBlob, frontier_from_db
+from catalog._models import APPEND_KEYS_RETAINED_MS, AppendKey, Batch, Collection, ReadHold, RetiredBlob, frontier_from_db
 from catalog._records import (
     BatchInfo,
     CollectionInfo,
@@ -130,6 +130,22 @@ def append_group(session: Session, batches: Mapping[str, NewBatch | None], ts: i
         row.upper = upper.time
     session.flush()
     advance_sources(session, upper)
+
+
+def earlier_appends(session: Session, keys: Collection_[str], now_ms: int) -> dict[str, tuple[str, int]]:
+    """The source and timestamp of each of `keys` committed within the retention
+    (`AppendKey`), after forgetting the keys older than it."""
+    session.execute(delete(AppendKey).where(AppendKey.committed_ms < now_ms - APPEND_KEYS_RETAINED_MS))
+    if not keys:
+        return {}
+    found = session.execute(select(AppendKey.key, AppendKey.collection_id, AppendKey.ts).where(AppendKey.key.in_(sorted(keys))))
+    return {key: (source, ts) for key, source, ts in found}
+
+
+def record_append_keys(session: Session, keys: Mapping[str, str], ts: int, now_ms: int) -> None:
+    """Record each key of `keys` (to its source) as committed at `ts`."""
+    if keys:
+        session.execute(insert(AppendKey), [{"key": key, "collection_id": source, "ts": ts, "committed_ms": now_ms} for key, source in keys.items()])
 
 
 def advance_sources(session: Session, upper: Frontier) -> list[str]:

@@ -316,6 +316,24 @@ class Batch(Base):
     bytes: Mapped[int]
 
 
+KEY_LENGTH = 128
+APPEND_KEYS_RETAINED_MS = 10 * 60_000
+
+
+class AppendKey(Base):
+    """The idempotency key of a committed append: the same key sent again (a client's
+    retry after a failover) gets `ts`, the timestamp the append was committed at, and
+    appends nothing. Written in the append's own group commit; kept
+    `APPEND_KEYS_RETAINED_MS` after it (`committed_ms`), so a retry must come within it."""
+
+    __tablename__ = "append_keys"
+
+    key: Mapped[str] = mapped_column(String(KEY_LENGTH), primary_key=True)
+    collection_id: Mapped[str] = mapped_column(String(ID_LENGTH), ForeignKey("collections.id"))
+    ts: Mapped[int]
+    committed_ms: Mapped[int] = mapped_column(index=True)
+
+
 HOLD_OWNERS = ("dataflow", "feed", "retention", "caller")
 
 

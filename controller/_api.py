@@ -303,9 +303,12 @@ class ControllerApi(Protocol):
 
     async def create_source(self, name: str, schema: str) -> SourceView: ...
 
-    async def append(self, source: str, rows: pa.Table | Sequence[Mapping[str, object]]) -> int:
+    async def append(self, source: str, rows: pa.Table | Sequence[Mapping[str, object]], *, idempotency_key: str | None = None) -> int:
         """Append rows (an optional `_diff` column retracts with -1) at one new timestamp,
-        returned. Rows that do not match the schema refuse the whole append."""
+        returned. Rows that do not match the schema refuse the whole append. An append
+        whose `idempotency_key` was committed before (within 10 minutes) appends nothing
+        and returns that one's timestamp; FAILED_PRECONDITION if it was another
+        source's."""
         ...
 
     async def drop_source(self, name: str) -> None: ...

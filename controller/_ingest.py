@@ -10,24 +10,29 @@ committed at the same moment does that for it.
 
 Invariants: each append is committed once, whole, at one timestamp (the one its caller
 gets), or not at all (its caller gets the error); a group refused for one source's sake
-(dropped meanwhile, say) is committed again without it, each source alone.
+(dropped meanwhile, say) is committed again without it, each source alone. An append
+with an idempotency key already committed (a client's retry after a failover, found by
+the commit's own transaction) or pending here is not written again: its caller gets
+the first one's timestamp.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
 
-from catalog import CatalogError, Fenced
+from catalog import CatalogError, FailedPrecondition, Fenced
 
 log = logging.getLogger(__name__)
 
-Commit = Callable[[Sequence[tuple[str, pa.Table]]], int]
-"""Appends (source id, batch) committed at one new timestamp, returned (blocking)."""
+Commit = Callable[[Sequence[tuple[str, pa.Table]], Sequence[str | None]], tuple[int, Mapping[str, tuple[str, int]]]]
+"""Appends (source id, batch) and their idempotency keys committed at one new timestamp
+(blocking, `Storage.append_group`): the timestamp, and the keys committed before, each
+with its source and timestamp."""
 
 
 @dataclass(slots=True)
@@ -35,6 +40,7 @@ class _Append:
     source: str | None  # None: the advancer's tick, which appends nothing
     batch: pa.Table | None
     done: asyncio.Future[int]
+    key: str | None = None
 
 
 class GroupCommit:
@@ -47,16 +53,27 @@ class GroupCommit:
     def __init__(self, commit: Commit) -> None:
         self._commit = commit
         self.pending: list[_Append] = []
+        self._keyed: dict[str, _Append] = {}  # pending or in flight, by idempotency key
         self._arrived = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.commits = 0
         self.appends = 0
         self.last_group = 0  # appends in the latest commit
 
-    async def append(self, source: str, batch: pa.Table) -> int:
-        """Commit `batch` to `source` with the next group; its timestamp. Cancelling the
-        caller does not take the append back (it may be committed already)."""
-        return await self._join(_Append(source, batch, asyncio.get_running_loop().create_future()))
+    async def append(self, source: str, batch: pa.Table, key: str | None = None) -> int:
+        """Commit `batch` to `source` with the next group, once per idempotency `key`;
+        its timestamp. Cancelling the caller does not take the append back (it may be
+        committed already)."""
+        if key is not None and key in self._keyed:  # the same append sent twice at once
+            first = self._keyed[key]
+            if first.source != source:
+                raise _reused(key)
+            return await asyncio.shield(first.done)
+        append = _Append(source, batch, asyncio.get_running_loop().create_future(), key)
+        if key is not None:
+            self._keyed[key] = append
+            append.done.add_done_callback(lambda _: self._keyed.pop(key, None))
+        return await self._join(append)
 
     async def advance(self) -> int:
         """Move every source's upper past a new timestamp (with the next group)."""
@@ -87,9 +104,9 @@ class GroupCommit:
                 await self._commit_group(group)
 
     async def _commit_group(self, group: list[_Append]) -> None:
-        appends = [(a.source, a.batch) for a in group if a.source is not None]
+        appends = [a for a in group if a.source is not None]
         try:
-            ts = await asyncio.to_thread(self._commit, appends)
+            ts, earlier = await asyncio.to_thread(self._commit, [(a.source, a.batch) for a in appends], [a.key for a in appends])
         except Exception as error:
             sources = {a.source for a in group if a.source is not None}
             if isinstance(error, CatalogError) and not isinstance(error, Fenced) and len(sources) > 1:
@@ -105,8 +122,20 @@ class GroupCommit:
                     append.done.set_exception(error)
             return
         self.commits += 1
-        self.appends += len(appends)
-        self.last_group = len(appends)
+        self.appends += len(appends) - len(earlier)
+        self.last_group = len(appends) - len(earlier)
         for append in group:
-            if not append.done.done():
+            if append.done.done():
+                continue
+            if append.key in earlier:
+                source, first_ts = earlier[append.key]
+                if source == append.source:
+                    append.done.set_result(first_ts)
+                else:
+                    append.done.set_exception(_reused(append.key))
+            else:
                 append.done.set_result(ts)
+
+
+def _reused(key: str) -> FailedPrecondition:
+    return FailedPrecondition(f"idempotency key {key!r} was given to an append to another source")

@@ -220,8 +220,8 @@ class ControllerServicer(pb_grpc.ControllerServicer):
     @_rpc
     async def Append(self, request: pb.AppendRequest) -> pb.AppendResponse:
         with _decoding():
-            source, rows = codec.append_from_proto(request)
-        return pb.AppendResponse(timestamp=await self._api.append(source, rows))
+            source, rows, key = codec.append_from_proto(request)
+        return pb.AppendResponse(timestamp=await self._api.append(source, rows, idempotency_key=key))
 
     @_rpc
     async def DropSource(self, request: pb.DropSourceRequest) -> pb.DropSourceResponse:

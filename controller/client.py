@@ -19,13 +19,15 @@ Rules:
 - Several addresses (`"a:6875,b:6875"`, a leader and its standbys) make the client
   follow the leader: a standby's refusal names it, and the call goes there. A call is
   sent again after a failover only when nothing of it can have been done (refused by a
-  standby, or no connection at all) or when it only reads; an append cut off in flight
-  by the leader's death is UNAVAILABLE to the caller, who knows whether to repeat it.
+  standby, or no connection at all), when it only reads, or when it is an append: each
+  append carries an idempotency key (a fresh one unless the caller gives its own), so
+  one cut off in flight by the leader's death and sent again is applied once.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -297,13 +299,16 @@ class Client:
         """A source of `schema`, a Spark DDL column list ("id BIGINT NOT NULL, x STRING")."""
         return _source(self._call("CreateSource", pb.CreateSourceRequest, name=name, schema=schema))
 
-    def append(self, source: str, rows: pa.Table | Sequence[Mapping[str, Any]]) -> int:
+    def append(self, source: str, rows: pa.Table | Sequence[Mapping[str, Any]], *, idempotency_key: str | None = None) -> int:
         """Append `rows` (a table or a list of mappings; an optional `_diff` column of -1
         retracts) at one new timestamp, returned. Mappings are checked by the controller
         against the source's schema, column and row named in the refusal; they may hold
-        `datetime.date`, `datetime.datetime`, `decimal.Decimal` and `bytes` values."""
+        `datetime.date`, `datetime.datetime`, `decimal.Decimal` and `bytes` values.
+        The append is applied once per `idempotency_key` (a fresh one by default), so
+        it is sent again after a failover; a caller that repeats an append itself
+        passes the key it gave the first time, and gets that one's timestamp."""
         with _arguments():
-            request = codec.append_to_proto(source, rows)
+            request = codec.append_to_proto(source, rows, idempotency_key or uuid.uuid4().hex)
         return self._send("Append", request).timestamp
 
     def drop_source(self, name: str) -> None:
@@ -526,7 +531,7 @@ class Client:
             sleep(_FAILOVER_POLL_S / 4)  # the leader it names may be the one just gone
             return True
         refused = codec.STATUS_METADATA_KEY in trailing  # a controller answered: it does not lead
-        if len(self.addresses) == 1 or not (refused or method in _READS or _never_sent(error)):
+        if len(self.addresses) == 1 or not (refused or method in _RETRIED or _never_sent(error)):
             return False  # it may have been done: the caller decides
         at = self.addresses.index(self.address)
         self._use(self.addresses[(at + 1) % len(self.addresses)])
@@ -555,8 +560,9 @@ class Client:
         return TandemError(code, messages.get(code, f"{method} at {self.address}: {details}"))
 
 
-# Calls that only read: sent again after a failover whatever became of the first try.
-_READS = frozenset({"GetVersion", "ListInstances", "ListSources", "ListDataflows", "Peek", "Query", "Status", "ListEvents", "ListStorage"})
+# Calls sent again after a failover whatever became of the first try: those that only
+# read, and appends (applied once per idempotency key).
+_RETRIED = frozenset({"GetVersion", "ListInstances", "ListSources", "ListDataflows", "Peek", "Query", "Status", "ListEvents", "ListStorage", "Append"})
 _FAILOVER_POLL_S = 0.2
 
 

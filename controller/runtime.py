@@ -121,7 +121,7 @@ class Controller:
         self.security = security  # how replicas are reached (and managed ones secured)
         self._epoch = 0
         self._lead_cause = ""  # why this controller took the lead, for its take-over events
-        self.ingest = GroupCommit(lambda appends: self.storage.append_group(appends))  # appends, and the advancer's ticks
+        self.ingest = GroupCommit(self.storage.append_group)  # appends, and the advancer's ticks
         self._tasks: list[asyncio.Task] = []  # the background tasks, cancelled by stop()
         self.metrics = ControllerMetrics(self)
         self.http = HttpListener(self)
@@ -467,7 +467,7 @@ class Controller:
         info = await _blocking(self.storage.create_source, name, schema, holders=(RETENTION_HOLDER,))
         return _source_view(info)
 
-    async def append(self, source: str, rows) -> int:
+    async def append(self, source: str, rows, *, idempotency_key: str | None = None) -> int:
         info = await _blocking(self.catalog.collection_by_name, source)
         if info.kind != "source":
             raise ControllerError("INVALID_ARGUMENT", f"{source} is a materialized view; only sources take appends")
@@ -476,7 +476,7 @@ class Controller:
         # every other source's upper past it in the same transaction: no write can take
         # a time at or before it any more, so a dataflow joining this source with idle
         # ones computes it at once instead of at the advancer's next tick.
-        return await _refused(self.ingest.append(info.id, batch))
+        return await _refused(self.ingest.append(info.id, batch, idempotency_key))
 
     async def drop_source(self, name: str) -> None:
         info = await _blocking(self.catalog.collection_by_name, name)

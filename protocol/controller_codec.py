@@ -51,6 +51,7 @@ CHANNEL_OPTIONS = (
 STATUS_METADATA_KEY = "tandem-status"
 # Beside an UNAVAILABLE from a controller that does not lead: the leader's address.
 LEADER_METADATA_KEY = "tandem-leader"
+IDEMPOTENCY_KEY_LENGTH = 128  # the catalog's `append_keys.key`
 
 Consistency = Literal["serializable", "strict"]
 
@@ -188,22 +189,26 @@ def rows_from_json(lines: Sequence[str]) -> list[dict[str, Any]]:
     return rows
 
 
-def append_to_proto(source: str, rows: pa.Table | Sequence[Mapping[str, Any]]) -> pb.AppendRequest:
+def append_to_proto(source: str, rows: pa.Table | Sequence[Mapping[str, Any]], idempotency_key: str = "") -> pb.AppendRequest:
     if isinstance(rows, pa.Table):
-        return pb.AppendRequest(source=source, rows_arrow=table_to_ipc(rows))
+        return pb.AppendRequest(source=source, rows_arrow=table_to_ipc(rows), idempotency_key=idempotency_key)
     if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Sequence):
         raise ProtocolError("rows must be a pyarrow.Table or a list of row mappings")
-    return pb.AppendRequest(source=source, rows_json=pb.JsonRows(rows=rows_to_json(rows)))
+    return pb.AppendRequest(source=source, rows_json=pb.JsonRows(rows=rows_to_json(rows)), idempotency_key=idempotency_key)
 
 
-def append_from_proto(request: pb.AppendRequest) -> tuple[str, pa.Table | list[dict[str, Any]]]:
-    """The source name and its rows: a table, or a list of mappings."""
+def append_from_proto(request: pb.AppendRequest) -> tuple[str, pa.Table | list[dict[str, Any]], str | None]:
+    """The source name, its rows (a table, or a list of mappings) and the idempotency
+    key (None: none)."""
     member = request.WhichOneof("rows")
     if member is None:
         raise ProtocolError("AppendRequest.rows is not set")
+    if len(request.idempotency_key) > IDEMPOTENCY_KEY_LENGTH:
+        raise ProtocolError(f"AppendRequest.idempotency_key has {len(request.idempotency_key)} characters, more than {IDEMPOTENCY_KEY_LENGTH}")
+    key = request.idempotency_key or None
     if member == "rows_arrow":
-        return request.source, ipc_to_table(request.rows_arrow)
-    return request.source, rows_from_json(request.rows_json.rows)
+        return request.source, ipc_to_table(request.rows_arrow), key
+    return request.source, rows_from_json(request.rows_json.rows), key
 
 
 # --- Reads -----------------------------------------------------------------------------

@@ -356,14 +356,16 @@ class JsonRows(_message.Message):
     def __init__(self, rows: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AppendRequest(_message.Message):
-    __slots__ = ("source", "rows_arrow", "rows_json")
+    __slots__ = ("source", "rows_arrow", "rows_json", "idempotency_key")
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     ROWS_ARROW_FIELD_NUMBER: _ClassVar[int]
     ROWS_JSON_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     source: str
     rows_arrow: bytes
     rows_json: JsonRows
-    def __init__(self, source: _Optional[str] = ..., rows_arrow: _Optional[bytes] = ..., rows_json: _Optional[_Union[JsonRows, _Mapping]] = ...) -> None: ...
+    idempotency_key: str
+    def __init__(self, source: _Optional[str] = ..., rows_arrow: _Optional[bytes] = ..., rows_json: _Optional[_Union[JsonRows, _Mapping]] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
 
 class AppendResponse(_message.Message):
     __slots__ = ("timestamp",)

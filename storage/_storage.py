@@ -32,7 +32,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -272,19 +272,27 @@ class Storage:
         what does not fit, and nothing written."""
         return to_batch(data, self.schema(id), default_time=0, allow_time=False)
 
-    def append_group(self, appends: Sequence[tuple[str, pa.Table]]) -> int:
+    def append_group(
+        self, appends: Sequence[tuple[str, pa.Table]], keys: Sequence[str | None] = ()
+    ) -> tuple[int, dict[str, tuple[str, int]]]:
         """Append each of `appends` (batches from `append_batch_of`, several perhaps of
         one source) at one new write timestamp, which moves every other source's upper
-        past it too; return the timestamp. One file per source and one catalog
+        past it too; return the timestamp, and the idempotency keys (`keys[i]` is
+        appends[i]'s, or None) committed before, with their sources and timestamps:
+        those appends are not written again. One file per source and one catalog
         transaction (`Catalog.append_group`): all of them are appended or none is, and
         each source's rows share one time. A refused group removes its files; one cut
         short by a crash leaves them for garbage collection."""
-        grouped: dict[str, list[pa.Table]] = {}
-        for id, batch in appends:
-            grouped.setdefault(id, []).append(batch)
+        keyed = list(keys) or [None] * len(appends)
+        if len(keyed) != len(appends):
+            raise ValueError(f"{len(keyed)} keys for {len(appends)} appends")
         written: list[NewBatch] = []
 
-        def write(ts: int) -> dict[str, NewBatch | None]:
+        def write(ts: int, earlier: Collection[str]) -> dict[str, NewBatch | None]:
+            grouped: dict[str, list[pa.Table]] = {}
+            for i, (id, batch) in enumerate(appends):
+                if keyed[i] not in earlier:
+                    grouped.setdefault(id, []).append(batch)
             files: dict[str, NewBatch | None] = {}
             for id, batches in grouped.items():
                 batch = pa.concat_tables(batches)
@@ -296,7 +304,7 @@ class Storage:
             return files
 
         try:
-            return self._catalog.append_group(write)
+            return self._catalog.append_group(write, {key: appends[i][0] for i, key in enumerate(keyed) if key is not None})
         except CatalogError:
             for batch in written:
                 self._remove(batch)

@@ -306,6 +306,16 @@ def test_jsonl_append_from_a_file_and_from_stdin(tandem, api, tmp_path, monkeypa
         "name": "csv on stdin",
         "_diff": 1,
     }
+    # Each append carries a fresh key unless given one; run again with it, it appends once.
+    appended = len(api.batches["events"])
+    assert len(set(api.append_keys)) == len(api.append_keys) and None not in api.append_keys
+    said = []
+    for _ in range(2):
+        monkeypatch.setattr(sys, "stdin", io.StringIO('{"id": 5}\n'))
+        code, out, _ = tandem("source", "append", "events", "-", "--idempotency-key", "load-5", "--json")
+        said.append((code, json.loads(out)["timestamp"]))
+    assert said == [(0, 1001 + appended)] * 2
+    assert api.append_keys[-2:] == ["load-5", "load-5"] and len(api.batches["events"]) == appended + 1
 
 
 def test_a_source_like_a_parquet_file_takes_its_rows_by_column_name(tandem, api, tmp_path):

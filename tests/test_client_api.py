@@ -89,6 +89,8 @@ class FakeApi:
         self.fail: BaseException | None = None
         self.delay = 0.0
         self.clock = 1000
+        self.append_keys: list[str | None] = []  # as each append came
+        self.committed_keys: dict[str | None, int] = {}
 
     async def _enter(self, method: str, *args: Any, **kwargs: Any) -> None:
         self.calls.append((method, args, kwargs))
@@ -282,9 +284,12 @@ class FakeApi:
             raise ControllerError("NOT_FOUND", f"no source named {name!r}")
         return self.sources[name]
 
-    async def append(self, source, rows):
+    async def append(self, source, rows, *, idempotency_key=None):
         await self._enter("append", source, rows)
+        self.append_keys.append(idempotency_key)
         view = self._source(source)
+        if idempotency_key in self.committed_keys:
+            return self.committed_keys[idempotency_key]
         try:
             batch = to_batch(
                 rows, parse_schema(view.schema), default_time=self.clock, allow_time=False
@@ -294,6 +299,7 @@ class FakeApi:
         self.batches[source].append(batch)
         self.clock += 1
         self.sources[source] = SourceView(view.id, view.name, view.schema, view.since, self.clock)
+        self.committed_keys[idempotency_key] = self.clock - 1
         return self.clock - 1
 
     async def drop_source(self, name):

@@ -5,7 +5,8 @@ transaction (`Storage.append_group`), all or nothing; the controller's `GroupCom
 puts every append that arrives while a commit is in flight into the next one, so a
 lone writer waits for nobody. Through a real controller killed with SIGKILL in the
 middle of a stream of appends from eight clients, on SQLite and on PostgreSQL, no
-append is lost, doubled or split across timestamps.
+append is lost, doubled or split across timestamps, and an append cut off by the kill
+and sent again under its idempotency key is applied once.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from pathlib import Path
 import pytest
 from conftest import postgres_schema
 
-from catalog import Catalog, NotFound
+from catalog import Catalog, FailedPrecondition, NotFound
+from catalog._models import APPEND_KEYS_RETAINED_MS
 from controller._ingest import GroupCommit
 from controller._process import ControllerProcess, kill_replicas
 from controller.client import Client, TandemError
@@ -38,14 +40,29 @@ def _rows(writer: int, seq: int, count: int) -> list[dict]:
 def test_a_group_commits_appends_to_several_sources_at_one_time_and_moves_every_source(storage: Storage) -> None:
     a, b, idle = (storage.create_source(name, SCHEMA).id for name in ("a", "b", "idle"))
     group = [(a, storage.append_batch_of(a, _rows(1, 1, 2))), (b, storage.append_batch_of(b, _rows(2, 1, 3))), (a, storage.append_batch_of(a, _rows(3, 1, 1)))]
-    ts = storage.append_group(group)
+    ts, earlier = storage.append_group(group)
+    assert earlier == {}
     for id, rows in ((a, 3), (b, 3), (idle, 0)):
         assert storage.upper(id) == Frontier(ts + 1)
         assert storage.read_snapshot(id, ts).num_rows == rows
     batches = storage.catalog.manifest(a).batches
     assert len(batches) == 1 and (batches[0].lower, batches[0].upper) == (0, Frontier(ts + 1)), "one file per source"
     assert set(storage.read_changes(a, ts - 1, ts)[TIME].to_pylist()) == {ts}
-    assert storage.append_group([(a, storage.append_batch_of(a, _rows(1, 2, 1)))]) > ts
+    assert storage.append_group([(a, storage.append_batch_of(a, _rows(1, 2, 1)))])[0] > ts
+
+
+def test_an_append_whose_key_was_committed_appends_nothing_and_gets_the_first_timestamp(storage: Storage) -> None:
+    a, b = (storage.create_source(name, SCHEMA).id for name in ("a", "b"))
+    first, _ = storage.append_group([(a, storage.append_batch_of(a, _rows(1, 1, 2))), (b, storage.append_batch_of(b, _rows(2, 1, 1)))], ["k1", None])
+    again, earlier = storage.append_group([(a, storage.append_batch_of(a, _rows(1, 1, 2))), (b, storage.append_batch_of(b, _rows(2, 2, 1)))], ["k1", "k2"])
+    assert again > first and earlier == {"k1": (a, first)}
+    assert storage.read_snapshot(a, again).num_rows == 2 and storage.read_snapshot(b, again).num_rows == 2
+    assert storage.append_group([(b, storage.append_batch_of(b, _rows(2, 3, 1)))], ["k1"])[1] == {"k1": (a, first)}  # another source's key
+    # Forgotten after the retention: the same key is a new append.
+    real_clock = storage.catalog._now_ms
+    storage.catalog._now_ms = lambda: real_clock() + APPEND_KEYS_RETAINED_MS + 1_000
+    later, earlier = storage.append_group([(a, storage.append_batch_of(a, _rows(1, 1, 2)))], ["k1"])
+    assert earlier == {} and storage.read_snapshot(a, later).num_rows == 4
 
 
 def test_a_refused_group_writes_nothing(storage: Storage, blob_dir: Path) -> None:
@@ -70,11 +87,11 @@ class _Gated:
         self.entered = threading.Event()
         self.groups: list[list[str]] = []
 
-    def __call__(self, appends):
+    def __call__(self, appends, keys):
         self.entered.set()
         self.gate.wait(30)
         self.groups.append([id for id, _ in appends])
-        return self.storage.append_group(appends)
+        return self.storage.append_group(appends, keys)
 
 
 def test_appends_arriving_during_a_commit_share_the_next_one_and_a_lone_one_waits_for_nobody(storage: Storage) -> None:
@@ -100,6 +117,34 @@ def test_appends_arriving_during_a_commit_share_the_next_one_and_a_lone_one_wait
         assert (ingest.commits, ingest.appends, ingest.last_group) == (3, 7, 5)
         ts = times[1]
         assert storage.read_changes(a, ts - 1, ts).num_rows == 4 and storage.read_changes(b, ts - 1, ts).num_rows == 6
+
+    asyncio.run(scenario())
+
+
+def test_an_append_sent_twice_at_once_is_committed_once_and_a_reused_key_is_refused(storage: Storage) -> None:
+    a, b = (storage.create_source(name, SCHEMA).id for name in ("a", "b"))
+
+    async def scenario() -> None:
+        gated = _Gated(storage)
+        ingest = GroupCommit(gated)
+        try:
+            gated.gate.clear()
+            in_flight = asyncio.ensure_future(ingest.append(a, storage.append_batch_of(a, _rows(1, 0, 1)), "k"))
+            await asyncio.to_thread(gated.entered.wait, 10)
+            again = asyncio.ensure_future(ingest.append(a, storage.append_batch_of(a, _rows(1, 0, 1)), "k"))
+            with pytest.raises(FailedPrecondition, match="idempotency key 'k' was given to an append to another source"):
+                await ingest.append(b, storage.append_batch_of(b, _rows(1, 0, 1)), "k")
+            gated.gate.set()
+            ts = await in_flight
+            assert await again == ts
+            # Committed: a retry goes through a commit, which finds the key.
+            assert await ingest.append(a, storage.append_batch_of(a, _rows(1, 0, 1)), "k") == ts
+            with pytest.raises(FailedPrecondition, match="another source"):
+                await ingest.append(b, storage.append_batch_of(b, _rows(1, 0, 1)), "k")
+        finally:
+            ingest.stop()
+        assert gated.groups == [[a], [a], [b]] and ingest.appends == 1
+        assert storage.read_snapshot(a, storage.upper(a).time - 1).num_rows == 1 and storage.read_snapshot(b, storage.upper(b).time - 1).num_rows == 0
 
     asyncio.run(scenario())
 
@@ -137,14 +182,15 @@ ROWS = 50
 
 
 def _stream(address: str, writer: int, stop: threading.Event, acked: dict, tried: set) -> None:
-    """Append 50-row batches as fast as the controller takes them, until `stop` or the
-    controller is gone; record each acknowledged one's timestamp."""
+    """Append 50-row batches, each with its own idempotency key, as fast as the
+    controller takes them, until `stop` or the controller is gone; record each
+    acknowledged one's timestamp."""
     seq = 0
     with Client.connect(address) as client:
         while not stop.is_set():
             tried.add((writer, seq))
             try:
-                acked[writer, seq] = client.append("events", _rows(writer, seq, ROWS))
+                acked[writer, seq] = client.append("events", _rows(writer, seq, ROWS), idempotency_key=f"{writer}/{seq}")
             except TandemError:
                 return  # killed: this append's outcome is unknown
             seq += 1
@@ -182,6 +228,9 @@ def test_appends_from_eight_clients_through_a_controller_kill_are_each_committed
             assert len(acked) >= 200, f"only {len(acked)} appends acknowledged in 60 s"
             controller.start()
             with Client.connect(controller.address) as client:
+                # Each writer's append cut off by the kill, sent again under its key: applied once.
+                for writer, seq in tried - acked.keys():
+                    acked[writer, seq] = client.append("events", _rows(writer, seq, ROWS), idempotency_key=f"{writer}/{seq}")
                 last = client.append("events", _rows(WRITERS, 0, 1))  # it takes appends again
         finally:
             controller.kill()
@@ -200,6 +249,5 @@ def test_appends_from_eight_clients_through_a_controller_kill_are_each_committed
     for append, at in acked.items():
         assert counts[append] == ROWS and times[append] == {at}, f"acknowledged append {append} at {at}: {counts[append]} rows at {times[append]}"
     del counts[WRITERS, 0]
-    for append, count in counts.items():
-        assert append in tried and count == ROWS and len(times[append]) == 1, f"append {append}: {count} rows at {times[append]}"
+    assert counts.keys() == tried, "every append, retried after the kill or not, is there once"
     assert len({at for at in acked.values()}) < len(acked), "concurrent appends shared commits"

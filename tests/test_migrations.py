@@ -78,6 +78,7 @@ def populate(url: str) -> None:
         )
         catalog.append_batch(source.id, Frontier(0), Frontier(2), NewBatch("u1/a.parquet", 1, 9))
         catalog.acquire_read_hold(source.id, "h", Frontier(0))
+        catalog.append_group(lambda ts, earlier: {source.id: NewBatch("u1/k.parquet", 1, 9)}, {"key-1": source.id})
         doomed = catalog.create_source("doomed", "id BIGINT")
         catalog.append_batch(doomed.id, Frontier(0), Frontier(2), NewBatch("u5/b.parquet", 1, 9))
         catalog.drop_source(doomed.id)  # retires its file

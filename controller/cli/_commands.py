@@ -184,7 +184,7 @@ def _source_append(client: Client, args: argparse.Namespace) -> dict[str, Any]:
         rows = _read_rows(client, args.name, args.csv, args.jsonl)
     count = rows.num_rows if isinstance(rows, pa.Table) else len(rows)
     with _progress.spinner(f"appending {_count(count, 'row')} to {args.name}"):
-        timestamp = client.append(args.name, rows)
+        timestamp = client.append(args.name, rows, idempotency_key=args.idempotency_key)
     return {"source": args.name, "rows": count, "timestamp": timestamp}
 
 

@@ -353,6 +353,12 @@ def _parser() -> argparse.ArgumentParser:
     rows.add_argument("--jsonl", metavar="FILE", help="one JSON object per line ('-': stdin)")
     rows.add_argument("--parquet", metavar="FILE", help="a Parquet file, columns by name (cast to the source's types)")
     rows.add_argument("stdin", nargs="?", choices=["-"], help="JSON lines on stdin")
+    p.add_argument(
+        "--idempotency-key",
+        metavar="KEY",
+        help="apply the append once per KEY (within 10 minutes): run again with the same KEY after a failure, "
+        "it appends nothing if the first try was committed and prints that one's timestamp",
+    )
     p = leaf(
         source, "drop", "drop a source", _drop("source", lambda c, a: c.drop_source(a.name)), _said
     )
