@@ -214,6 +214,30 @@ class EventView:
 
 
 @dataclass(frozen=True, slots=True)
+class ControllerView:
+    """A `tandem serve` process taking part in leadership: its role ('leader' or
+    'standby'), where it serves, and how long ago the catalog last heard from it."""
+
+    role: str
+    address: str
+    host: str
+    pid: int
+    heard_ms_ago: int
+
+
+@dataclass(frozen=True, slots=True)
+class LeadershipView:
+    """Which controller leads (None: none holds a lease), at which epoch, how long its
+    lease still runs by the catalog's clock (negative: lapsed), and the standbys."""
+
+    epoch: int
+    leader: ControllerView | None
+    lease_remaining_ms: int | None
+    lease_renewals: int
+    standbys: tuple[ControllerView, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class ReadResult:
     """The rows of a peek or query, the time they are correct at, and the replica that
     answered first.
@@ -379,4 +403,8 @@ class ControllerApi(Protocol):
     async def events(self, instance: str | None = None, *, after: int | None = None, limit: int = 100) -> list[EventView]:
         """Events oldest first, of `instance` or of all: those after id `after`, or the
         latest `limit`. NOT_FOUND for an instance that neither exists nor left events."""
+        ...
+
+    async def leadership(self) -> LeadershipView:
+        """Who leads, as the catalog records it; a standby answers it too."""
         ...

@@ -136,15 +136,17 @@ class HttpListener:
     async def status(self) -> dict[str, Any]:
         """What `/api/status` answers: `Controller.status` of every instance with the lag
         history of its collections and what each collection is (`kinds`: an index or a
-        materialized view, of which dataflow), the sources with their read holds, and
-        the latest events."""
+        materialized view, of which dataflow), the sources with their read holds, the
+        latest events, and the leadership (`Controller.leadership`)."""
         views = await self.controller.status()
         dataflows = await self.controller.list_dataflows()
         sources = await self.controller.list_sources()
         holds = await asyncio.to_thread(lambda: {s.id: self.controller.catalog.manifest(s.id).holds for s in sources})
         events = await self.controller.events(limit=EVENTS_SHOWN)
+        leadership = await self.controller.leadership()
         return {
             "epoch": self.controller.epoch,
+            "leadership": dataclasses.asdict(leadership),
             "now_ms": int(time.time() * 1000),
             "instances": [
                 {**dataclasses.asdict(view), "lag_history": self.lag.of(view.name), "kinds": _kinds(d for d in dataflows if d.instance == view.name)}

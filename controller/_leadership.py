@@ -44,7 +44,7 @@ from time import monotonic
 from typing import Any
 
 from catalog import Catalog, ControllerInfo, ControllerSpec, Fenced, Leadership
-from controller._api import ControllerError
+from controller._api import ControllerError, ControllerView, LeadershipView
 from controller._orchestrator import pid_alive, proc_stat, process_start
 
 log = logging.getLogger(__name__)
@@ -111,6 +111,21 @@ def takeover_cause(
     return None
 
 
+def leadership_view(state: Leadership, now_ms: int) -> LeadershipView:
+    """What `GetLeadership` answers of the catalog's record `state` at `now_ms`."""
+
+    def view(controller: ControllerInfo) -> ControllerView:
+        return ControllerView(controller.role, controller.address, controller.host, controller.pid, now_ms - controller.heard_ms)
+
+    remaining = None if state.lease_expires_ms is None else state.lease_expires_ms - now_ms
+    leader = None if state.leader is None else view(state.leader)
+    return LeadershipView(state.epoch, leader, remaining, state.lease_renewals, tuple(view(s) for s in state.standbys))
+
+
+async def read_leadership(catalog: Catalog) -> LeadershipView:
+    return leadership_view(await asyncio.to_thread(catalog.leadership), catalog.now_ms())
+
+
 @dataclass(slots=True)
 class LeaseClock:
     """The leader's own view of its lease, on its monotonic clock (seconds)."""
@@ -135,14 +150,19 @@ class LeaseClock:
 class Front:
     """What the gRPC server serves: the leader's controller once this process leads,
     until it stops serving (its lease clock says so, or it lost the epoch); before and
-    after, every call but `GetVersion` is UNAVAILABLE naming the leader, which a
-    client follows (`NotLeader`)."""
+    after, every call but `GetVersion` and `GetLeadership` is UNAVAILABLE naming the
+    leader, which a client follows (`NotLeader`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
         self.controller: Any = None
         self.clock: LeaseClock | None = None
         self.leader_address: str | None = None
         self.refusal = "this controller is a standby"
+
+    async def leadership(self) -> LeadershipView:
+        """Answered whether this controller leads or not: where a client asks who does."""
+        return await read_leadership(self.catalog)
 
     @property
     def epoch(self) -> int:

@@ -77,7 +77,7 @@ async def serve(
     controller = await Controller.prepare(
         data_dir, catalog_url, blob_uri=blob_uri, upkeep=upkeep, security=security, on_making_class_archive=_say_making_class_archive
     )
-    front = Front()
+    front = Front(controller.catalog)
     try:
         server = ControllerServer(front, listen, security)
     except OSError as error:  # taken since the check

@@ -17,7 +17,7 @@ import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import fields
+from dataclasses import asdict, fields
 from importlib import metadata
 from typing import Any, get_args
 
@@ -168,6 +168,18 @@ class ControllerServicer(pb_grpc.ControllerServicer):
     @_rpc
     async def GetVersion(self, request: pb.GetVersionRequest) -> pb.GetVersionResponse:
         return pb.GetVersionResponse(server_version=_VERSION, controller_epoch=self._api.epoch)
+
+    @_rpc
+    async def GetLeadership(self, request: pb.GetLeadershipRequest) -> pb.LeadershipView:
+        view = await self._api.leadership()
+        leader = None if view.leader is None else pb.ControllerView(**asdict(view.leader))
+        return pb.LeadershipView(
+            epoch=view.epoch,
+            leader=leader,
+            lease_remaining_ms=view.lease_remaining_ms,
+            lease_renewals=view.lease_renewals,
+            standbys=[pb.ControllerView(**asdict(s)) for s in view.standbys],
+        )
 
     @_rpc
     async def CreateInstance(self, request: pb.CreateInstanceRequest) -> pb.InstanceView:

@@ -41,11 +41,13 @@ from google.protobuf.message import Message
 
 from controller._api import (
     CollectionView,
+    ControllerView,
     DataflowStatusView,
     DataflowView,
     EventView,
     HoldView,
     InstanceView,
+    LeadershipView,
     ReplicaView,
     SourceView,
     StorageView,
@@ -478,6 +480,22 @@ class Client:
         finally:
             stream.cancel()
 
+    def leadership(self) -> LeadershipView:
+        """Which controller leads, its epoch and lease, and the standbys: answered by
+        whichever controller this client is at, leader or standby."""
+        response = self._call("GetLeadership", pb.GetLeadershipRequest)
+
+        def view(message: pb.ControllerView) -> ControllerView:
+            return ControllerView(**codec.plain_fields(message))
+
+        return LeadershipView(
+            response.epoch,
+            view(response.leader) if response.HasField("leader") else None,
+            codec.optional_field(response, "lease_remaining_ms"),
+            response.lease_renewals,
+            tuple(view(s) for s in response.standbys),
+        )
+
     def events(self, instance: str | None = None, *, after: int | None = None, limit: int = 100) -> list[EventView]:
         """Events oldest first, of `instance` or of all: those recorded after id `after`,
         or (no `after`) the latest `limit`. Follow by passing the last id seen."""
@@ -562,7 +580,7 @@ class Client:
 
 # Calls sent again after a failover whatever became of the first try: those that only
 # read, and appends (applied once per idempotency key).
-_RETRIED = frozenset({"GetVersion", "ListInstances", "ListSources", "ListDataflows", "Peek", "Query", "Status", "ListEvents", "ListStorage", "Append"})
+_RETRIED = frozenset({"GetVersion", "GetLeadership", "ListInstances", "ListSources", "ListDataflows", "Peek", "Query", "Status", "ListEvents", "ListStorage", "Append"})
 _FAILOVER_POLL_S = 0.2
 
 

@@ -50,6 +50,7 @@ from controller._api import (
     DataflowView,
     EventView,
     InstanceView,
+    LeadershipView,
     ReadResult,
     ReplicaView,
     SourceView,
@@ -61,6 +62,7 @@ from controller._driver import InstanceDriver
 from controller import _reconfigure
 from controller._http import HttpListener
 from controller._ingest import GroupCommit
+from controller._leadership import read_leadership
 from controller._metrics import ControllerMetrics
 from controller._instance import ComputeInstance, InstanceError, InstanceOptions, SinceAdvanced, StorageHold
 from controller._orchestrator import Orchestrator, size_of
@@ -753,6 +755,9 @@ class Controller:
             views.append(_instance_view(driver, replicas, dataflows))
         return views
 
+
+    async def leadership(self) -> LeadershipView:
+        return await read_leadership(self.catalog)
 
     async def events(self, instance: str | None = None, *, after: int | None = None, limit: int = 100) -> list[EventView]:
         try:

@@ -29,6 +29,38 @@ class GetVersionResponse(_message.Message):
     controller_epoch: int
     def __init__(self, server_version: _Optional[str] = ..., controller_epoch: _Optional[int] = ...) -> None: ...
 
+class GetLeadershipRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ControllerView(_message.Message):
+    __slots__ = ("role", "address", "host", "pid", "heard_ms_ago")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    HEARD_MS_AGO_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    address: str
+    host: str
+    pid: int
+    heard_ms_ago: int
+    def __init__(self, role: _Optional[str] = ..., address: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., heard_ms_ago: _Optional[int] = ...) -> None: ...
+
+class LeadershipView(_message.Message):
+    __slots__ = ("epoch", "leader", "lease_remaining_ms", "lease_renewals", "standbys")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    LEASE_REMAINING_MS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_RENEWALS_FIELD_NUMBER: _ClassVar[int]
+    STANDBYS_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    leader: ControllerView
+    lease_remaining_ms: int
+    lease_renewals: int
+    standbys: _containers.RepeatedCompositeFieldContainer[ControllerView]
+    def __init__(self, epoch: _Optional[int] = ..., leader: _Optional[_Union[ControllerView, _Mapping]] = ..., lease_remaining_ms: _Optional[int] = ..., lease_renewals: _Optional[int] = ..., standbys: _Optional[_Iterable[_Union[ControllerView, _Mapping]]] = ...) -> None: ...
+
 class StringMap(_message.Message):
     __slots__ = ("entries",)
     class EntriesEntry(_message.Message):

@@ -40,6 +40,11 @@ class ControllerStub:
                 request_serializer=protocol_dot_controller__pb2.GetVersionRequest.SerializeToString,
                 response_deserializer=protocol_dot_controller__pb2.GetVersionResponse.FromString,
                 _registered_method=True)
+        self.GetLeadership = channel.unary_unary(
+                '/tandem.v1.Controller/GetLeadership',
+                request_serializer=protocol_dot_controller__pb2.GetLeadershipRequest.SerializeToString,
+                response_deserializer=protocol_dot_controller__pb2.LeadershipView.FromString,
+                _registered_method=True)
         self.CreateInstance = channel.unary_unary(
                 '/tandem.v1.Controller/CreateInstance',
                 request_serializer=protocol_dot_controller__pb2.CreateInstanceRequest.SerializeToString,
@@ -144,6 +149,13 @@ class ControllerServicer:
     def GetVersion(self, request, context):
         """Which server answers, and under which controller epoch. Clients use it to check they
         reach a controller at all, and the epoch to notice that the controller restarted.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetLeadership(self, request, context):
+        """Who leads: answered by the leader and by every standby alike.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -288,6 +300,11 @@ def add_ControllerServicer_to_server(servicer, server):
                     request_deserializer=protocol_dot_controller__pb2.GetVersionRequest.FromString,
                     response_serializer=protocol_dot_controller__pb2.GetVersionResponse.SerializeToString,
             ),
+            'GetLeadership': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetLeadership,
+                    request_deserializer=protocol_dot_controller__pb2.GetLeadershipRequest.FromString,
+                    response_serializer=protocol_dot_controller__pb2.LeadershipView.SerializeToString,
+            ),
             'CreateInstance': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateInstance,
                     request_deserializer=protocol_dot_controller__pb2.CreateInstanceRequest.FromString,
@@ -412,6 +429,33 @@ class Controller:
             '/tandem.v1.Controller/GetVersion',
             protocol_dot_controller__pb2.GetVersionRequest.SerializeToString,
             protocol_dot_controller__pb2.GetVersionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetLeadership(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.Controller/GetLeadership',
+            protocol_dot_controller__pb2.GetLeadershipRequest.SerializeToString,
+            protocol_dot_controller__pb2.LeadershipView.FromString,
             options,
             channel_credentials,
             insecure,

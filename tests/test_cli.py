@@ -223,6 +223,15 @@ def stored(api: FakeApi, source: str) -> list[dict]:
     return api.batches[source][-1].drop_columns(["_time"]).to_pylist()
 
 
+def test_leader_show_names_the_leader_its_lease_and_the_standbys(tandem):
+    code, out, _ = tandem("leader", "show")
+    lines = out.splitlines()
+    assert code == 0 and lines[0] == "10.0.0.5:6875 leads at epoch 7 (lease 3880 ms left, 52 renewals)"
+    assert [line.split()[:3] for line in lines[3:5]] == [["leader", "10.0.0.5:6875", "h1"], ["standby", "10.0.0.6:6875", "h2"]]
+    code, out, _ = tandem("leader", "show", "--json")
+    assert json.loads(out)["standbys"][0] == {"role": "standby", "address": "10.0.0.6:6875", "host": "h2", "pid": 42, "heard_ms_ago": 480}
+
+
 def test_source_create_and_list(tandem):
     code, out, _ = tandem(
         "source", "create", "events", "--schema", "id bigint not null, note string"

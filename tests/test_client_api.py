@@ -34,10 +34,12 @@ from protocol_strategies import predicates, scalar_tuples, texts
 from controller._api import (
     CollectionView,
     ControllerError,
+    ControllerView,
     DataflowStatusView,
     DataflowView,
     EventView,
     InstanceView,
+    LeadershipView,
     ReadResult,
     ReplicaView,
     SourceView,
@@ -454,10 +456,27 @@ class FakeApi:
             self._instance(instance)
         return [self._view(name) for name in sorted(self.instances) if instance in (None, name)]
 
+    async def leadership(self):
+        await self._enter("leadership")
+        return LEADERSHIP
+
     async def events(self, instance=None, *, after=None, limit=100):
         await self._enter("events", instance, after=after, limit=limit)
         found = [e for e in self.events_recorded if instance in (None, e.instance) and (after is None or e.id > after)]
         return found[:limit] if after is not None else found[-limit:]
+
+
+LEADERSHIP = LeadershipView(
+    7,
+    ControllerView("leader", "10.0.0.5:6875", "h1", 41, 120),
+    3_880,
+    52,
+    (ControllerView("standby", "10.0.0.6:6875", "h2", 42, 480),),
+)
+
+
+def test_leadership_comes_back_whole(client, api):
+    assert client.leadership() == LEADERSHIP
 
 
 # --- The server ------------------------------------------------------------------------

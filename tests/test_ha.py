@@ -105,6 +105,10 @@ def test_the_lead_moves_to_a_standby_on_a_kill_a_hang_and_a_stop_and_clients_fol
         third = _controller(tmp_path, "c1", ports[0], standby=True)
         processes.append(third)
         time.sleep(1.5)  # a renewal counts it: the leader stops on its own clock from now on
+        with Client.connect(third.address) as asked:  # a standby says who leads
+            lead = asked.leadership()
+        assert (lead.epoch, lead.leader.address, [s.address for s in lead.standbys]) == (2, second.address, [third.address])
+        assert 0 < lead.lease_remaining_ms <= 3_000 and lead.leader.pid == second.pid
         os.kill(second.pid, signal.SIGSTOP)
         hung = time.monotonic()
         third.await_lead(120)

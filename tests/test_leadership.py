@@ -127,7 +127,7 @@ def test_a_standby_kills_a_leader_on_its_host_that_hangs_holding_the_catalogs_wr
         catalog.renew_lease("a", 5_000, 15_000)  # the leader counted the standby
         lock = sqlite3.connect(tmp_path / "catalog.db", isolation_level=None)
         lock.execute("BEGIN IMMEDIATE")  # what the leader holds, stopped mid-transaction
-        standby = Standby(catalog, me, LeaseOptions(lease_ms=5_000, renew_ms=200, margin_ms=1_500), Front())
+        standby = Standby(catalog, me, LeaseOptions(lease_ms=5_000, renew_ms=200, margin_ms=1_500), Front(catalog))
 
         async def take_over() -> tuple[str, float]:
             waiting = asyncio.ensure_future(standby.wait())

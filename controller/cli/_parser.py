@@ -30,7 +30,7 @@ from controller.cli._commands import (
     _watch_status,
 )
 from controller.cli import _storage
-from controller.cli._render import format_table, _dataflows, _events, _instances, _one, _replicas, _rows, _said, _sources, _status
+from controller.cli._render import format_table, _dataflows, _events, _instances, _leadership, _one, _replicas, _rows, _said, _sources, _status
 from controller.client import DEFAULT_ADDRESS
 from protocol.security import add_server_arguments
 
@@ -364,6 +364,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("name")
     leaf(source, "list", "list sources", lambda c, a: c.list_sources(), _sources)
+
+    leader = group("leader", "which controller leads, and its standbys")
+    leaf(leader, "show", "show the leading controller, its epoch and lease, and the standbys", lambda c, a: c.leadership(), _leadership)
 
     dataflow = group("dataflow", "create, drop and list dataflows")
     p = leaf(

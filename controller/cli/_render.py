@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from controller._api import DataflowStatusView, DataflowView, EventView, InstanceView, ReplicaView, SourceView
+from controller._api import DataflowStatusView, DataflowView, EventView, InstanceView, LeadershipView, ReplicaView, SourceView
 from controller.client import QueryResult
 
 # --- Tables ----------------------------------------------------------------------------
@@ -249,6 +249,19 @@ def _status(views: list[InstanceView]) -> str:
 
 def _events(events: list[EventView]) -> str:
     return format_table(["TIME", "INSTANCE", "KIND", "REPLICA", "MESSAGE"], [_event_row(e) for e in events])
+
+
+def _leadership(view: LeadershipView) -> str:
+    """The lead and its lease in a line, then the controllers taking part."""
+    if view.leader is None or view.lease_remaining_ms is None:
+        head = f"no controller leads (epoch {view.epoch}); a standby takes the lead at its next poll"
+    else:
+        lease = view.lease_remaining_ms
+        ends = f"lapsed {-lease} ms ago" if lease < 0 else f"{lease} ms left"
+        head = f"{view.leader.address} leads at epoch {view.epoch} (lease {ends}, {view.lease_renewals} renewals)"
+    controllers = [c for c in (view.leader, *view.standbys) if c is not None]
+    table = format_table(["ROLE", "ADDRESS", "HOST", "PID", "HEARD_MS_AGO"], [[c.role, c.address, c.host, c.pid, c.heard_ms_ago] for c in controllers])
+    return head + "\n" + table
 
 
 def _event_row(event: EventView) -> list[Any]:
