@@ -59,7 +59,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from replica_service.dataplane._accumulators import EXTREME_FUNCTIONS, FLOAT_TYPES, accumulators, extreme_name, final
-from replica_service.dataplane._jvm import Jvm
+from replica_service.dataplane._jvm import Jvm, bounded_statistics
 from replica_service.dataplane._plan import ACC_VIEW, ACCROW, DIFF, TIME, AggregateShape, DeltaPlan
 from replica_service.dataplane._rows import arrow_frame, at_least, is_time, quote, time_frame
 
@@ -853,9 +853,10 @@ class IncrementalDataflow:
 
     def checkpoint(self, frame: DataFrame, *, eager: bool = False) -> DataFrame:
         """`frame`, kept on the executors' local disks as the first job that reads it
-        computes it (or now, `eager`). It belongs to the step in progress, which must
-        `cut_lineage` before its commit keeps it as the state's (`_keep_pending`)."""
-        checkpointed = frame.localCheckpoint(eager=eager, storageLevel=StorageLevel.DISK_ONLY)
+        computes it (or now, `eager`), with a bounded size estimate (a state's grew
+        at every step: `bounded_statistics`). It belongs to the step in progress, which
+        must `cut_lineage` before its commit keeps it as the state's (`_keep_pending`)."""
+        checkpointed = bounded_statistics(frame.localCheckpoint(eager=eager, storageLevel=StorageLevel.DISK_ONLY))
         self._pending.append(checkpointed)
         return checkpointed
 
