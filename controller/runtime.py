@@ -123,7 +123,7 @@ class Controller:
         self.security = security  # how replicas are reached (and managed ones secured)
         self._epoch = 0
         self._lead_cause = ""  # why this controller took the lead, for its take-over events
-        self.ingest = GroupCommit(self.storage.append_group)  # appends, and the advancer's ticks
+        self.ingest = GroupCommit(lambda appends, keys: self.storage.append_group(appends, keys))  # appends, and the advancer's ticks
         self._tasks: list[asyncio.Task] = []  # the background tasks, cancelled by stop()
         self.metrics = ControllerMetrics(self)
         self.http = HttpListener(self)
