@@ -39,6 +39,39 @@ def scratch_storage(root: Path) -> Storage:
     return Storage(catalog, root / "blobs", fsync=False)
 
 
+def catalog_for(kind: str):
+    """A context giving the catalog URL of a bench's `--catalog`: None for "sqlite" (the
+    embedded default), a schema of its own on 127.0.0.1:5432/test for "postgres"
+    (dropped on exit), else `kind` itself as a URL."""
+    from contextlib import nullcontext
+
+    if kind == "sqlite":
+        return nullcontext(None)
+    if kind != "postgres":
+        return nullcontext(kind)
+
+    @contextmanager
+    def schema() -> Iterator[str]:
+        import uuid
+
+        from sqlalchemy import create_engine, text
+        from sqlalchemy.pool import NullPool
+
+        base = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+        name = f"bench_{uuid.uuid4().hex[:12]}"
+        admin = create_engine(base, poolclass=NullPool, isolation_level="AUTOCOMMIT")
+        with admin.connect() as connection:
+            connection.execute(text(f'CREATE SCHEMA "{name}"'))
+        try:
+            yield f"{base}?options=-csearch_path%3D{name}"
+        finally:
+            with admin.connect() as connection:
+                connection.execute(text(f'DROP SCHEMA "{name}" CASCADE'))
+            admin.dispose()
+
+    return schema()
+
+
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 

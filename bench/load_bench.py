@@ -48,7 +48,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import SALES, jvm_of, load, log, pct, sales_rows, wait_until  # noqa: E402
+from _common import SALES, catalog_for, jvm_of, load, log, pct, sales_rows, wait_until  # noqa: E402
 
 from catalog import Catalog  # noqa: E402
 from controller._process import ControllerProcess, kill_replicas  # noqa: E402
@@ -446,42 +446,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tandem-load-") as root:
         results, peer = [], []
         if args.only in (None, "tandem"):
-            with _catalog(args.catalog) as url:
+            with catalog_for(args.catalog) as url:
                 results = tandem(Path(root) / "tandem", rates, args.seconds, args.rows, url)
         if args.only in (None, "streaming"):
             peer = streaming(Path(root) / "streaming", rates, args.seconds, args.rows)
     report(results, peer, args.seconds, args.catalog)
-
-
-def _catalog(kind: str):
-    """The catalog URL for `--catalog` (None: the embedded SQLite default)."""
-    from contextlib import contextmanager, nullcontext
-
-    if kind == "sqlite":
-        return nullcontext(None)
-    if kind != "postgres":
-        return nullcontext(kind)
-
-    @contextmanager
-    def schema():
-        import uuid
-
-        from sqlalchemy import create_engine, text
-        from sqlalchemy.pool import NullPool
-
-        base = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-        name = f"load_{uuid.uuid4().hex[:12]}"
-        admin = create_engine(base, poolclass=NullPool, isolation_level="AUTOCOMMIT")
-        with admin.connect() as connection:
-            connection.execute(text(f'CREATE SCHEMA "{name}"'))
-        try:
-            yield f"{base}?options=-csearch_path%3D{name}"
-        finally:
-            with admin.connect() as connection:
-                connection.execute(text(f'DROP SCHEMA "{name}" CASCADE'))
-            admin.dispose()
-
-    return schema()
 
 
 if __name__ == "__main__":

@@ -124,6 +124,7 @@ class Controller:
         self._epoch = 0
         self._lead_cause = ""  # why this controller took the lead, for its take-over events
         self.ingest = GroupCommit(lambda appends, keys: self.storage.append_group(appends, keys))  # appends, and the advancer's ticks
+        self._source_ids: dict[str, str] = {}  # appends' sources by name: only this leader drops one
         self._tasks: list[asyncio.Task] = []  # the background tasks, cancelled by stop()
         self.metrics = ControllerMetrics(self)
         self.http = HttpListener(self)
@@ -470,19 +471,30 @@ class Controller:
         return _source_view(info)
 
     async def append(self, source: str, rows, *, idempotency_key: str | None = None) -> int:
-        info = await _blocking(self.catalog.collection_by_name, source)
-        if info.kind != "source":
-            raise ControllerError("INVALID_ARGUMENT", f"{source} is a materialized view; only sources take appends")
-        batch = await _blocking(self.storage.append_batch_of, info.id, rows)  # refused whole, nothing written
+        id, batch = await _blocking(self._append_batch, source, rows)  # refused whole, nothing written
         # Committed with the appends that arrive meanwhile, at one timestamp, which moves
         # every other source's upper past it in the same transaction: no write can take
         # a time at or before it any more, so a dataflow joining this source with idle
         # ones computes it at once instead of at the advancer's next tick.
-        return await _refused(self.ingest.append(info.id, batch, idempotency_key))
+        return await _refused(self.ingest.append(id, batch, idempotency_key))
+
+    def _append_batch(self, source: str, rows) -> tuple[str, pa.Table]:
+        """Source `source`'s id and `rows` as its batch, in one trip to a worker thread.
+        The id is remembered: a source's id never changes, and only this controller,
+        while it leads, drops a source (`drop_source` forgets it; a group commit refuses
+        an append to one dropped meanwhile)."""
+        id = self._source_ids.get(source)
+        if id is None:
+            info = self.catalog.collection_by_name(source)
+            if info.kind != "source":
+                raise ControllerError("INVALID_ARGUMENT", f"{source} is a materialized view; only sources take appends")
+            id = self._source_ids[source] = info.id
+        return id, self.storage.append_batch_of(id, rows)
 
     async def drop_source(self, name: str) -> None:
         info = await _blocking(self.catalog.collection_by_name, name)
         await _blocking(self.catalog.drop_source, info.id)
+        self._source_ids.pop(name, None)
 
     async def list_sources(self) -> list[SourceView]:
         collections = await _blocking(self.catalog.list_collections)

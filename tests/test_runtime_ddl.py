@@ -162,6 +162,34 @@ def test_an_append_completes_every_other_source_through_its_time(tmp_path):
     asyncio.run(run())
 
 
+def test_appends_follow_a_source_name_through_its_drop_and_recreation(tmp_path):
+    """The controller remembers an appended source's id by name; a drop forgets it, so
+    an append after the drop is refused, and one after a new source takes the name goes
+    to the new one. Appends to a materialized view are refused."""
+
+    async def run() -> None:
+        controller = _controller(tmp_path)
+        await controller.create_instance("main")
+        await controller.create_source("events", SCHEMA)
+        await controller.create_source("other", SCHEMA)
+        await controller.create_dataflow("main", "view", "select * from other", materialize=True)
+        first = controller.catalog.collection_by_name("events").id
+        await controller.append("events", [{"id": 1}])
+        await controller.drop_source("events")
+        with pytest.raises(ControllerError, match="events") as refused:
+            await controller.append("events", [{"id": 2}])
+        assert refused.value.code == "NOT_FOUND"
+        await controller.create_source("events", SCHEMA)
+        second = controller.catalog.collection_by_name("events").id
+        later = await controller.append("events", [{"id": 3}])
+        assert second != first and controller.storage.read_snapshot(second, later).column("id").to_pylist() == [3]
+        with pytest.raises(ControllerError, match="only sources take appends"):
+            await controller.append("view", [{"id": 4}])
+        await _stop(controller)
+
+    asyncio.run(run())
+
+
 def test_an_append_and_the_move_of_the_other_sources_are_one_commit(tmp_path, monkeypatch):
     """The append and the move of every other source past its time are one transaction
     (the group commit's): when the catalog fails in the middle of it, nothing is
