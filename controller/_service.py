@@ -350,7 +350,7 @@ class ControllerServer:
             raise OSError(f"cannot listen on {listen!r}: expected host:port")
         # Not gRPC's default SO_REUSEPORT: a second controller on a taken port would
         # share it, each taking some of the connections.
-        options = (*codec.CHANNEL_OPTIONS, ("grpc.so_reuseport", 0))
+        options = (*codec.SERVER_OPTIONS, ("grpc.so_reuseport", 0))
         self._server = grpc.aio.server(options=options, interceptors=security.interceptors())
         pb_grpc.add_ControllerServicer_to_server(ControllerServicer(api), self._server)
         try:

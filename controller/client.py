@@ -133,9 +133,9 @@ class Client:
         channel = self._channels.get(address)
         if channel is None:
             if self._tls is None:
-                channel = grpc.insecure_channel(address, options=codec.CHANNEL_OPTIONS)
+                channel = grpc.insecure_channel(address, options=codec.CLIENT_CHANNEL_OPTIONS)
             else:
-                channel = grpc.secure_channel(address, self._tls.channel_credentials(), options=codec.CHANNEL_OPTIONS)
+                channel = grpc.secure_channel(address, self._tls.channel_credentials(), options=codec.CLIENT_CHANNEL_OPTIONS)
             self._channels[address] = channel
         self.address, self._channel, self._stub = address, channel, pb_grpc.ControllerStub(channel)
 

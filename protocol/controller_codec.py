@@ -46,6 +46,22 @@ CHANNEL_OPTIONS = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 )
+# A client pings its connection every 2 s and gives up on it after 3 s more without an
+# answer, so a call to a controller that hangs (SIGSTOP: its socket stays open) fails as
+# UNAVAILABLE, and the client moves to the next address, instead of waiting out the
+# call's deadline. The server lets pings come that often, data or not.
+CLIENT_CHANNEL_OPTIONS = (
+    *CHANNEL_OPTIONS,
+    ("grpc.keepalive_time_ms", 2_000),
+    ("grpc.keepalive_timeout_ms", 3_000),
+    ("grpc.http2.ping_timeout_ms", 3_000),  # else a ping's answer is awaited 60 s
+    ("grpc.http2.max_pings_without_data", 0),
+)
+SERVER_OPTIONS = (
+    *CHANNEL_OPTIONS,
+    ("grpc.http2.min_ping_interval_without_data_ms", 1_000),
+    ("grpc.http2.max_ping_strikes", 0),
+)
 
 # Trailing metadata on every status the controller chose (see controller.proto).
 STATUS_METADATA_KEY = "tandem-status"

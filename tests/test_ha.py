@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from controller._process import ControllerProcess, kill_replicas, wait_until
-from controller.client import Client
+from controller.client import Client, TandemError
 from protocol import controller_codec as codec
 from test_metrics import scrape
 from protocol import controller_pb2 as pb
@@ -137,3 +137,21 @@ def test_the_lead_moves_to_a_standby_on_a_kill_a_hang_and_a_stop_and_clients_fol
                 os.kill(process.pid, signal.SIGCONT)
                 process.kill()
         kill_replicas(tmp_path / "c1", f"sqlite:///{tmp_path / 'shared' / 'catalog.db'}")
+
+
+def test_a_call_to_a_hung_controller_fails_within_seconds_so_the_client_can_move_on(tmp_path):
+    """A SIGSTOPped controller keeps its socket open: without the client's keepalive
+    pings a call to it waited out its deadline (120 s), and one to a hung leader never
+    reached the standby that took over."""
+    controller = ControllerProcess(tmp_path / "c", serve_args=["--http-listen", "off"])
+    try:
+        with Client.connect(controller.address) as client:
+            client.list_sources()
+            os.kill(controller.pid, signal.SIGSTOP)
+            started = time.monotonic()
+            with pytest.raises(TandemError, match="ping timeout") as failed:
+                client.list_sources()
+            assert failed.value.code is grpc.StatusCode.UNAVAILABLE and time.monotonic() - started < 15
+    finally:
+        os.kill(controller.pid, signal.SIGCONT)
+        controller.kill()
