@@ -23,6 +23,7 @@ from typing import Any, get_args
 
 import grpc
 import pyarrow as pa
+import sqlalchemy.exc
 from google.protobuf.message import Message
 
 from controller._api import (
@@ -73,6 +74,10 @@ def status_of(error: Exception) -> tuple[grpc.StatusCode, str]:
         return _STATUS[error.code], error.message
     if isinstance(error, _BadRequest):
         return grpc.StatusCode.INVALID_ARGUMENT, str(error)
+    if isinstance(error, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)):
+        # The catalog is out of reach (a cut, a restart): another controller may take
+        # over, and a client with several addresses tries the next one.
+        return grpc.StatusCode.UNAVAILABLE, f"the catalog cannot be reached ({type(error.orig or error).__name__}); try again or another controller"
     return (
         grpc.StatusCode.INTERNAL,
         f"internal error ({type(error).__name__}); see the controller log",

@@ -49,9 +49,15 @@ CHANNEL_OPTIONS = (
 # A client pings its connection every 2 s and gives up on it after 3 s more without an
 # answer, so a call to a controller that hangs (SIGSTOP: its socket stays open) fails as
 # UNAVAILABLE, and the client moves to the next address, instead of waiting out the
-# call's deadline. The server lets pings come that often, data or not.
+# call's deadline. The server lets pings come that often, data or not. A channel whose
+# controller was gone retries the connection within 1 s: with gRPC's backoff (1 s,
+# growing to 2 min) every call to a controller restarted on that address (a standby
+# that took the lead) failed "failed to connect" for seconds after it listened again.
 CLIENT_CHANNEL_OPTIONS = (
     *CHANNEL_OPTIONS,
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
     ("grpc.keepalive_time_ms", 2_000),
     ("grpc.keepalive_timeout_ms", 3_000),
     ("grpc.http2.ping_timeout_ms", 3_000),  # else a ping's answer is awaited 60 s

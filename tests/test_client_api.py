@@ -44,7 +44,7 @@ from controller._api import (
     ReplicaView,
     SourceView,
 )
-from controller._service import ControllerServer
+from controller._service import ControllerServer, status_of
 from controller.client import Client, TandemError
 from history import OrderBy, Predicate
 from protocol import ProtocolError, table_to_ipc
@@ -473,6 +473,15 @@ LEADERSHIP = LeadershipView(
     52,
     (ControllerView("standby", "10.0.0.6:6875", "h2", 42, 480),),
 )
+
+
+def test_an_unreachable_catalog_is_unavailable_so_a_client_tries_another_controller():
+    import sqlalchemy.exc
+
+    cut = sqlalchemy.exc.OperationalError("SELECT 1", {}, ConnectionResetError("server closed the connection"))
+    code, message = status_of(cut)
+    assert code is grpc.StatusCode.UNAVAILABLE and "the catalog cannot be reached (ConnectionResetError)" in message
+    assert status_of(RuntimeError("a bug"))[0] is grpc.StatusCode.INTERNAL
 
 
 def test_leadership_comes_back_whole(client, api):

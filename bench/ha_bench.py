@@ -1,0 +1,281 @@
+"""Controller high availability under faults (issue 51): how long reads and appends stop
+when the leading controller is killed, hung or cut off from the catalog, and whether
+any acknowledged append is lost or doubled, or any strict read wrong.
+
+    .venv/bin/python bench/ha_bench.py [--kills 10] [--catalog postgres]
+
+Two `tandem serve` processes on one catalog (PostgreSQL by default, each reaching it
+through a TCP proxy of this bench's, so one can be cut off), sharing blob storage, one
+leading and one `--standby` (lease 3 s, renewed every 0.5 s, margin 1 s); an instance
+of two `xsmall` replicas with `SELECT count(*), sum(v)` over a source. Two client
+threads given both addresses: one appends a row at a time (each under its own
+idempotency key, sent again after a failover), one makes strict peeks every 0.2 s.
+Faults, one after the other, each once the clients were served again and the faulted
+controller is back as a standby: `--kills` kill -9s of whichever controller leads, a
+SIGSTOP of the leader (continued after the standby took over), and a cut of the
+leader's catalog connections (restored likewise). Printed per fault: seconds from the
+fault until an append and a strict read were served again, and the calls that failed.
+After all: every acknowledged append in storage exactly once, every strict read's
+count and sum equal to those of the appends at or before its timestamp.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from _common import catalog_for, log, pct, wait_until  # noqa: E402
+
+from catalog import Catalog  # noqa: E402
+from controller._process import ControllerProcess, kill_replicas  # noqa: E402
+from controller.client import Client, TandemError  # noqa: E402
+from storage import Storage  # noqa: E402
+
+LEASE = ["--lease-ms", "3000", "--lease-renew-ms", "500", "--lease-margin-ms", "1000"]
+TOTALS = "SELECT count(*) AS n, sum(v) AS total FROM s"
+
+
+class Proxy:
+    """A TCP forwarder to `target`; `cut()` closes every connection and refuses new
+    ones until `restore()`."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.open: set[socket.socket] = set()
+        self.cut_off = False
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            client, _ = self.server.accept()
+            if self.cut_off:
+                client.close()
+                continue
+            upstream = socket.create_connection(self.target)
+            with self.lock:
+                self.open |= {client, upstream}
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, sink):
+                end.close()
+
+    def cut(self) -> None:
+        self.cut_off = True
+        with self.lock:
+            for connection in self.open:
+                try:
+                    connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            self.open.clear()
+
+    def restore(self) -> None:
+        self.cut_off = False
+
+
+class Loops:
+    """The appending and the peeking client threads, and what each saw when."""
+
+    def __init__(self, addresses: str) -> None:
+        self.addresses = addresses
+        self.stop = threading.Event()
+        self.acked: dict[int, int] = {}  # row id -> its append's timestamp
+        self.served: dict[str, list[tuple[float, float]]] = {"append": [], "read": []}  # (sent, answered)
+        self.failed: dict[str, list[float]] = {"append": [], "read": []}
+        self.errors: dict[str, int] = {}  # each failure's status and first words, counted
+        self.reads: list[tuple[int, int, float, str | None, float]] = []  # (timestamp, n, total, replica, sent)
+        self.threads = [threading.Thread(target=self._append), threading.Thread(target=self._read)]
+        for thread in self.threads:
+            thread.start()
+
+    def _append(self) -> None:
+        with Client.connect(self.addresses, failover=60) as client:
+            i = 0
+            while not self.stop.is_set():
+                sent = time.monotonic()
+                try:
+                    self.acked[i] = client.append("s", [{"id": i, "v": 1.0}], idempotency_key=f"row-{i}")
+                    self.served["append"].append((sent, time.monotonic()))
+                    i += 1
+                except TandemError as error:
+                    self._failed("append", error)  # sent again under its key
+                time.sleep(0.05)
+
+    def _read(self) -> None:
+        with Client.connect(self.addresses, failover=60) as client:
+            while not self.stop.is_set():
+                sent = time.monotonic()
+                try:
+                    result = client.peek("main", "totals", consistency="strict", timeout_ms=30_000)
+                    (row,) = result.rows
+                    self.reads.append((result.timestamp, row["n"], row["total"], result.replica, sent))
+                    self.served["read"].append((sent, time.monotonic()))
+                except TandemError as error:
+                    self._failed("read", error)
+                time.sleep(0.2)
+
+    def _failed(self, kind: str, error: TandemError) -> None:
+        self.failed[kind].append(time.monotonic())
+        what = f"{kind}: {error.code.name}: {' '.join(str(error).split()[:12])}"
+        self.errors[what] = self.errors.get(what, 0) + 1
+
+    def back_after(self, kind: str, at: float, timeout: float = 120) -> float:
+        """Seconds from `at` until a call of `kind` sent after it was answered (only a
+        controller that took over can answer it: an upper bound, by at most one
+        pause of the loop)."""
+        wait_until(lambda: any(sent > at for sent, _ in self.served[kind]), timeout, f"{kind} served after the fault")
+        return min(answered for sent, answered in self.served[kind] if sent > at) - at
+
+    def close(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kills", type=int, default=10)
+    parser.add_argument("--catalog", default="postgres", help="postgres (127.0.0.1:5432/test, a schema of its own) or sqlite")
+    args = parser.parse_args()
+    with catalog_for(args.catalog) as url, tempfile.TemporaryDirectory(prefix="tandem-ha-") as directory:
+        root = Path(directory)
+        rows, checks = _run(root, url or f"sqlite:///{root / 'catalog.db'}", args.kills)
+    print(f"\n## Faults of the leading controller ({args.catalog}; lease 3 s, renewed every 0.5 s, margin 1 s)\n")
+    print("| fault | appends served again after | strict reads served again after | failed appends / reads |")
+    print("|---|---|---|---|")
+    for name, appends, reads, failed in rows:
+        print(f"| {name} | {appends:.1f} s | {reads:.1f} s | {failed} |")
+    kills = [(a, r) for name, a, r, _ in rows if name.startswith("kill")]
+    if kills:
+        appends, reads = zip(*kills)
+        print(f"| kill -9, p50 / max | {pct(list(appends), 50):.1f} / {max(appends):.1f} s | {pct(list(reads), 50):.1f} / {max(reads):.1f} s | |")
+    print(f"\n{checks}")
+
+
+def _run(root: Path, url: str, kills: int) -> tuple[list[tuple[str, float, float, str]], str]:
+    postgres = url.startswith("postgresql")
+    proxies = [Proxy(("127.0.0.1", 5432)) for _ in range(2)] if postgres else []
+    ports = [_free_port(), _free_port()]
+
+    def controller(i: int, standby: bool) -> ControllerProcess:
+        via = url.replace("127.0.0.1:5432", f"127.0.0.1:{proxies[i].port}") if postgres else url
+        # Retention long enough that no compaction merges the appends' times meanwhile.
+        serve = ["--listen", f"127.0.0.1:{ports[i]}", "--blob-uri", str(root / "blobs"), "--retention-ms", "3600000", *LEASE]
+        serve += ["--standby"] if standby else []
+        return ControllerProcess(root / f"c{i}", catalog_url=via, log_name=f"serve-{time.monotonic_ns()}.log", serve_args=serve)
+
+    processes = [controller(0, standby=False), controller(1, standby=True)]
+    addresses = ",".join(f"127.0.0.1:{port}" for port in ports)
+    loops = None
+    try:
+        with Client.connect(addresses, failover=60) as client:
+            client.create_instance("main", replica_timeout_ms=30_000)
+            for name in ("r1", "r2"):
+                client.add_replica("main", name, size="xsmall")
+            client.create_source("s", "id BIGINT NOT NULL, v DOUBLE")
+            client.create_dataflow("main", "totals", TOTALS)
+            client.peek("main", "totals", consistency="strict", timeout_ms=300_000)
+            log("set up: two replicas, the dataflow hydrated")
+            loops = Loops(addresses)
+            rows = []
+            faults = [f"kill -9 #{n + 1}" for n in range(kills)] + ["SIGSTOP", *(["catalog cut"] if postgres else [])]
+            for fault in faults:
+                wait_until(lambda: len(client.leadership().standbys) == 1, 120, "a standby registered")
+                # Counted by two renewals since: the leader knows it must stop on its own
+                # clock (a standby it never saw does not take a lapsed lease).
+                counted = client.leadership().lease_renewals + 2
+                wait_until(lambda: client.leadership().lease_renewals >= counted, 60, "the standby counted by the leader")
+                leader = client.leadership().leader.address
+                i = ports.index(int(leader.rsplit(":", 1)[1]))
+                failed_before = {kind: len(times) for kind, times in loops.failed.items()}
+                at = time.monotonic()
+                if fault.startswith("kill"):
+                    processes[i].kill()
+                elif fault == "SIGSTOP":
+                    os.kill(processes[i].pid, signal.SIGSTOP)
+                else:
+                    proxies[i].cut()
+                appends, reads = loops.back_after("append", at), loops.back_after("read", at)
+                if fault == "SIGSTOP":
+                    os.kill(processes[i].pid, signal.SIGCONT)
+                elif fault == "catalog cut":
+                    proxies[i].restore()
+                try:  # the hung or cut leader stops on its own
+                    processes[i].process.wait(60)
+                except subprocess.TimeoutExpired:
+                    log(f"{fault}: the old leader did not exit within 60 s; killed")
+                    processes[i].kill()
+                processes[i] = controller(i, standby=True)
+                failed = "/".join(str(len(loops.failed[kind]) - failed_before[kind]) for kind in ("append", "read"))
+                rows.append((fault, appends, reads, failed))
+                log(f"{fault}: appends back after {appends:.1f} s, strict reads after {reads:.1f} s, failed {failed}")
+            loops.close()
+        return rows, _check(root, url, loops)
+    finally:
+        if loops is not None:
+            loops.close()
+        for process in processes:
+            if process.process.poll() is None:
+                os.kill(process.pid, signal.SIGCONT)
+                process.kill()
+        kill_replicas(root / "c0", url)
+
+
+def _check(root: Path, url: str, loops: Loops) -> str:
+    """Every acknowledged append once in storage, at its timestamp; every strict read
+    equal to the count and sum of the rows stored at or before its timestamp."""
+    catalog = Catalog.open(url)
+    try:
+        source = catalog.collection_by_name("s").id
+        collection = catalog.manifest(source).collection
+        changes = Storage(catalog, root / "blobs").read_changes(source, collection.since.time - 1, collection.upper.time - 1)
+    finally:
+        catalog.close()
+    stored: dict[int, list[int]] = {}
+    for id, at in zip(changes["id"].to_pylist(), changes["_time"].to_pylist()):
+        stored.setdefault(id, []).append(at)
+    doubled = [id for id, times in stored.items() if len(times) > 1]
+    lost = [id for id, at in loops.acked.items() if stored.get(id) != [at]]
+    times = sorted(at for ats in stored.values() for at in ats)
+    # count(*) and sum(v) of the rows at or before a read's time (a sum over none is NULL).
+    wrong = [(i, r, n) for i, r in enumerate(loops.reads) if (r[1], r[2]) != (n := sum(1 for t in times if t <= r[0]), float(n) if n else None)]
+    assert not lost and not doubled and not wrong, f"lost or moved {lost[:5]}, doubled {doubled[:5]}, wrong reads {wrong[:3]}"
+    failures = "".join(f"\n- {count} x {what}" for what, count in sorted(loops.errors.items()))
+    return (
+        f"failed calls (each sent again):{failures or ' none'}\n"
+        f"{len(loops.acked)} acknowledged appends, each in storage once at its timestamp ({len(changes)} rows stored; "
+        f"none lost, none doubled); {len(loops.reads)} strict reads, each equal to the count and sum of the rows "
+        f"stored at or before its timestamp"
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+if __name__ == "__main__":
+    main()
