@@ -31,6 +31,7 @@ from catalog._instances import (
     RESOURCE_SPARK_CONF,
 )
 from catalog._manifest import check_append_frontiers
+from catalog._models import APPEND_KEY_LENGTH
 from catalog._records import (
     BatchInfo,
     CollectionInfo,
@@ -52,6 +53,7 @@ from catalog._recovery import dataflow_holder, dependency_order, sink_holder
 __all__ = [
     "DEFAULT_MAX_HOLD_BACK_MS",
     "DEFAULT_MAX_LAG_MS",
+    "APPEND_KEY_LENGTH",
     "DEFAULT_MIN_IN_SYNC",
     "DEFAULT_REPLICA_TIMEOUT_MS",
     "DETERMINISTIC_SPARK_CONF",

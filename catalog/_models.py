@@ -316,7 +316,7 @@ class Batch(Base):
     bytes: Mapped[int]
 
 
-KEY_LENGTH = 128
+APPEND_KEY_LENGTH = 128
 APPEND_KEYS_RETAINED_MS = 10 * 60_000
 
 
@@ -328,7 +328,7 @@ class AppendKey(Base):
 
     __tablename__ = "append_keys"
 
-    key: Mapped[str] = mapped_column(String(KEY_LENGTH), primary_key=True)
+    key: Mapped[str] = mapped_column(String(APPEND_KEY_LENGTH), primary_key=True)
     collection_id: Mapped[str] = mapped_column(String(ID_LENGTH), ForeignKey("collections.id"))
     ts: Mapped[int]
     committed_ms: Mapped[int] = mapped_column(index=True)

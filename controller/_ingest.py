@@ -122,8 +122,8 @@ class GroupCommit:
                     append.done.set_exception(error)
             return
         self.commits += 1
-        self.appends += len(appends) - len(earlier)
         self.last_group = len(appends) - len(earlier)
+        self.appends += self.last_group
         for append in group:
             if append.done.done():
                 continue

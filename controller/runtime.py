@@ -32,6 +32,7 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 import pyarrow as pa
 
 from catalog import (
+    APPEND_KEY_LENGTH,
     Catalog,
     DataflowInfo,
     Fenced,
@@ -471,6 +472,8 @@ class Controller:
         return _source_view(info)
 
     async def append(self, source: str, rows, *, idempotency_key: str | None = None) -> int:
+        if idempotency_key is not None and len(idempotency_key) > APPEND_KEY_LENGTH:
+            raise ControllerError("INVALID_ARGUMENT", f"an idempotency key has at most {APPEND_KEY_LENGTH} characters, not {len(idempotency_key)}")
         id, batch = await _blocking(self._append_batch, source, rows)  # refused whole, nothing written
         # Committed with the appends that arrive meanwhile, at one timestamp, which moves
         # every other source's upper past it in the same transaction: no write can take
@@ -766,7 +769,6 @@ class Controller:
             dataflows = await _blocking(self.catalog.list_dataflows, name)
             views.append(_instance_view(driver, replicas, dataflows))
         return views
-
 
     async def leadership(self) -> LeadershipView:
         return await read_leadership(self.catalog)

@@ -73,7 +73,6 @@ SERVER_OPTIONS = (
 STATUS_METADATA_KEY = "tandem-status"
 # Beside an UNAVAILABLE from a controller that does not lead: the leader's address.
 LEADER_METADATA_KEY = "tandem-leader"
-IDEMPOTENCY_KEY_LENGTH = 128  # the catalog's `append_keys.key`
 
 Consistency = Literal["serializable", "strict"]
 
@@ -225,8 +224,6 @@ def append_from_proto(request: pb.AppendRequest) -> tuple[str, pa.Table | list[d
     member = request.WhichOneof("rows")
     if member is None:
         raise ProtocolError("AppendRequest.rows is not set")
-    if len(request.idempotency_key) > IDEMPOTENCY_KEY_LENGTH:
-        raise ProtocolError(f"AppendRequest.idempotency_key has {len(request.idempotency_key)} characters, more than {IDEMPOTENCY_KEY_LENGTH}")
     key = request.idempotency_key or None
     if member == "rows_arrow":
         return request.source, ipc_to_table(request.rows_arrow), key

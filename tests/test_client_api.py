@@ -18,6 +18,7 @@ import logging
 import operator
 import socket
 import threading
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -495,9 +496,10 @@ class ServerThread:
     """A `ControllerServer` over `api` on 127.0.0.1:0, run by an event loop of its own in
     a daemon thread, so tests call it with the synchronous client."""
 
-    def __init__(self, api: Any, security: ServerSecurity = ServerSecurity()) -> None:
+    def __init__(self, api: Any, security: ServerSecurity = ServerSecurity(), listen: str = "127.0.0.1:0") -> None:
         self.api = api
         self.security = security
+        self.listen = listen
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
@@ -508,7 +510,7 @@ class ServerThread:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=30)
 
     async def _start(self) -> ControllerServer:
-        server = ControllerServer(self.api, "127.0.0.1:0", self.security)
+        server = ControllerServer(self.api, self.listen, self.security)
         await server.start()
         return server
 
@@ -517,6 +519,44 @@ class ServerThread:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10)
         self.loop.close()
+
+
+def test_a_client_reaches_a_controller_back_on_its_address_within_a_second(api):
+    """gRPC's reconnect backoff grows from 1 s toward 2 min (with jitter): a client that
+    kept calling an address while nothing listened there failed every call for seconds
+    after a controller (a standby restarted there, then leading) listened on it again
+    (9-12 s in three runs of this test without the client's backoff options)."""
+    first = ServerThread(api)
+    address = first.address
+    answered: list[float] = []
+    stop = threading.Event()
+
+    def call(client: Client) -> None:
+        while not stop.is_set():
+            try:
+                client.list_sources()
+                answered.append(time.monotonic())
+            except TandemError:
+                pass
+            time.sleep(0.05)
+
+    with Client.connect(address, failover=0) as client:
+        client.list_sources()
+        first.close()
+        caller = threading.Thread(target=call, args=(client,))
+        caller.start()
+        try:
+            time.sleep(16)  # every call fails: the channel's backoff grows meanwhile
+            again = ServerThread(api, listen=address)
+            back = time.monotonic()
+            deadline = back + 60
+            while not answered and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            caller.join()
+        again.close()
+    assert answered and answered[0] - back < 1.5, f"answered {answered[0] - back:.1f} s after the controller was back" if answered else "never answered"
 
 
 @pytest.fixture

@@ -156,3 +156,4 @@ def test_a_call_to_a_hung_controller_fails_within_seconds_so_the_client_can_move
         os.kill(controller.pid, signal.SIGCONT)
         controller.kill()
 
+

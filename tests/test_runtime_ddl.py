@@ -185,6 +185,10 @@ def test_appends_follow_a_source_name_through_its_drop_and_recreation(tmp_path):
         assert second != first and controller.storage.read_snapshot(second, later).column("id").to_pylist() == [3]
         with pytest.raises(ControllerError, match="only sources take appends"):
             await controller.append("view", [{"id": 4}])
+        with pytest.raises(ControllerError, match="an idempotency key has at most 128 characters, not 129") as refused:
+            await controller.append("events", [{"id": 5}], idempotency_key="k" * 129)
+        assert refused.value.code == "INVALID_ARGUMENT"
+        assert controller.storage.read_snapshot(second, controller.storage.upper(second).time - 1).column("id").to_pylist() == [3]
         await _stop(controller)
 
     asyncio.run(run())
