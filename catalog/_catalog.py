@@ -194,6 +194,13 @@ class Catalog:
             self._epoch = taken[0]
         return taken
 
+    def hand_over(self, me: str, to: str, lease_ms: int) -> int:
+        """Leader `me` hands the lead to standby `to` with a lease of `lease_ms`; the new
+        epoch, which fences this catalog from then on. `Fenced` if another controller
+        took the epoch first; `FailedPrecondition` if `to` is no standby."""
+        with self._write() as session:
+            return _leadership.hand_over(session, me, to, lease_ms, self._now_ms())
+
     def renew_lease(self, me: str, lease_ms: int, forget_after_ms: int) -> Leadership:
         """Extend leader `me`'s lease by `lease_ms` from now, forgetting standbys not
         heard from for `forget_after_ms`; `Fenced` once another controller took the

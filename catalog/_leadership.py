@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from catalog._errors import FailedPrecondition
 from catalog._models import ControllerEpoch, ControllerProcess
 
 
@@ -93,7 +94,8 @@ def take_lead(
     cause = decide(_leadership(session, row))
     if cause is None:
         return None
-    row.epoch += 1
+    if row.leader_id != me.id:  # else handed over to `me`: the handover bumped it
+        row.epoch += 1
     row.leader_id, row.lease_expires_ms = me.id, now_ms + lease_ms
     row.lease_renewals += 1
     session.execute(delete(ControllerProcess).where(ControllerProcess.role == "leader", ControllerProcess.id != me.id))
@@ -104,6 +106,23 @@ def take_lead(
         process.role, process.heard_ms = "leader", now_ms
     session.flush()
     return row.epoch, cause
+
+
+def hand_over(session: Session, me: str, to: str, lease_ms: int, now_ms: int) -> int:
+    """Leader `me` (the caller checked the epoch) hands the lead to standby `to`: the
+    epoch bumped, `to` the leader with a lease until `now_ms + lease_ms`, `me` no longer
+    taking part; the new epoch. `FailedPrecondition` when `to` is no standby."""
+    row = _locked(session)
+    target = session.get(ControllerProcess, to)
+    if row.leader_id != me or target is None or target.role != "standby":
+        raise FailedPrecondition(f"controller {to} is not a standby of leader {me}: the lead stays where it is")
+    row.epoch += 1
+    row.leader_id, row.lease_expires_ms = to, now_ms + lease_ms
+    row.lease_renewals += 1
+    target.role, target.heard_ms = "leader", now_ms
+    session.execute(delete(ControllerProcess).where(ControllerProcess.id == me))
+    session.flush()
+    return row.epoch
 
 
 def renew_lease(session: Session, me: str, lease_ms: int, now_ms: int, forget_after_ms: int) -> Leadership:

@@ -238,6 +238,18 @@ class LeadershipView:
 
 
 @dataclass(frozen=True, slots=True)
+class HandoverView:
+    """A planned move of the lead: from the controller at `previous` to the one at
+    `leader`, which leads from `epoch`; new calls waited `unavailable_ms` from the old
+    leader's last one to the new leader's first."""
+
+    previous: str
+    leader: str
+    epoch: int
+    unavailable_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class ReadResult:
     """The rows of a peek or query, the time they are correct at, and the replica that
     answered first.
@@ -407,4 +419,16 @@ class ControllerApi(Protocol):
 
     async def leadership(self) -> LeadershipView:
         """Who leads, as the catalog records it; a standby answers it too."""
+        ...
+
+    async def handover(self, to: str | None = None) -> HandoverView:
+        """Move the lead to the standby at address `to` (None: the one heard from last):
+        the leader stops taking calls, finishes those in flight, hands the epoch over in
+        the catalog and stops once the standby serves. NOT_FOUND for no standby at `to`,
+        FAILED_PRECONDITION with none to hand over to."""
+        ...
+
+    async def take_lead(self, epoch: int) -> LeadershipView:
+        """Sent by a leader that handed the lead (as `epoch`) to this standby: take it
+        now rather than at the next poll; answered once this controller serves."""
         ...

@@ -113,9 +113,16 @@ class InstanceDriver:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._tick())]
 
-    async def stop(self) -> None:
+    async def stop(self, why: ControllerError | None = None) -> None:
+        """Stop driving: open feeds and waiting peeks fail with `why` (by default
+        UNAVAILABLE: dropped or stopping), so their clients go elsewhere at once."""
+        why = why or ControllerError("UNAVAILABLE", f"instance {self.name} was dropped or its controller is stopping")
         for feed in list(self.feeds.values()):
-            feed.fail(ControllerError("UNAVAILABLE", f"instance {self.name} was dropped or its controller is stopping"))
+            feed.fail(why)
+        for waiter in self.peek_waiters.values():
+            if not waiter.done():
+                waiter.set_exception(why)
+        self.peek_waiters.clear()
         for task in [*self._tasks, *self._arbitrating, *filter(None, [self._durable_flush, self._events_flush])]:
             task.cancel()
         for connection in self.connections.values():

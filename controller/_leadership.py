@@ -8,9 +8,15 @@ Rules:
   Once standbys are registered (a renewal counted them), it serves only until
   `lease_ms - margin_ms` after the start of its last renewal that succeeded, by its
   own monotonic clock: past that it refuses every call and stops, before any standby
-  may take over (`LeaseClock`). Without standbys nobody can take over (a plain `tandem
-  serve` takes the epoch at once, fencing, as it always did), so it never stops for
-  a slow catalog.
+  may take over (`LeaseClock`). It is guarded so from its take on when standbys may be
+  registered by then (always, for one that was a standby): its first renewal may never
+  come. Without standbys nobody can take over (a plain `tandem serve` takes the epoch
+  at once, fencing, as it always did), so it never stops for a slow catalog.
+- A handover (`hand_over`) is the leader's planned move of the lead to a standby it
+  names: new calls wait, those in flight finish (up to `DRAIN_S`), the catalog moves
+  the epoch in one update (`Catalog.hand_over`), the leader stops driving and tells the
+  standby, which takes the lead at once (adopting the epoch) and answers once it
+  serves; then the held calls are refused naming it, and the old leader exits.
 - A standby takes the lead (`takeover_cause`) when nobody holds a lease, when the
   leader's process on the same host is gone (a kill -9 is seen at the next poll, not
   after the lease), or when the lease lapsed and a renewal came after the standby
@@ -38,19 +44,32 @@ import os
 import signal
 import socket
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from time import monotonic
 from typing import Any
 
 from catalog import Catalog, ControllerInfo, ControllerSpec, Fenced, Leadership
-from controller._api import ControllerError, ControllerView, LeadershipView
+from controller._api import ControllerError, ControllerView, HandoverView, LeadershipView
+from controller._blocking import blocking
 from controller._orchestrator import pid_alive, proc_stat, process_start
 
 log = logging.getLogger(__name__)
 
 STALE_LEASES = 3
 """A standby not heard from for this many lease durations is forgotten."""
+
+HANDED_OVER = "this controller handed the lead over"
+
+DRAIN_S = 0.5
+"""How long a handover lets the calls in flight that change something finish before it
+hands the epoch over (those still running may then fail; a client sends the safe ones
+again)."""
+
+READS = frozenset({"peek", "query", "status", "list_instances", "list_sources", "list_dataflows", "events", "storage_holds", "subscribe"})
+"""The calls that change nothing: a handover does not wait for them. Those still waiting
+for replicas when the leader lets them go fail UNAVAILABLE naming the successor, and
+the client sends them there."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +117,8 @@ def takeover_cause(
     leader = state.leader
     if leader is None or state.lease_expires_ms is None:
         return "no controller leads"
-    if leader.id == me.id:
-        return None
+    if leader.id == me.id:  # only a handover names a standby the leader
+        return "the leader handed the lead over to it"
     if leader.host == me.host and gone(leader):
         return f"the leader's process (pid {leader.pid}) is gone"
     lapsed_ms = now_ms - state.lease_expires_ms
@@ -149,20 +168,77 @@ class LeaseClock:
 
 class Front:
     """What the gRPC server serves: the leader's controller once this process leads,
-    until it stops serving (its lease clock says so, or it lost the epoch); before and
-    after, every call but `GetVersion` and `GetLeadership` is UNAVAILABLE naming the
-    leader, which a client follows (`NotLeader`)."""
+    until it stops serving (its lease clock says so, it lost the epoch, or it handed the
+    lead over); before and after, every call but `GetVersion` and `GetLeadership` is
+    UNAVAILABLE naming the leader, which a client follows (`NotLeader`). While this
+    controller hands the lead over or takes it (`hold`), new calls wait for the outcome
+    rather than fail."""
 
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(self, catalog: Catalog, lease: LeaseOptions) -> None:
         self.catalog = catalog
+        self.lease = lease
         self.controller: Any = None
         self.clock: LeaseClock | None = None
         self.leader_address: str | None = None
         self.refusal = "this controller is a standby"
+        self.standby: Standby | None = None  # while it stands by
+        self.hand_over: Callable[[str | None], Awaitable[HandoverView]] | None = None  # while it leads
+        self.serving_started = asyncio.Event()
+        self._open = asyncio.Event()
+        self._open.set()
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def serve(self, controller: Any, clock: LeaseClock) -> None:
+        self.controller, self.clock = controller, clock
+        self.serving_started.set()
+
+    def stop_serving(self, why: str, leader_address: str | None) -> None:
+        self.controller, self.refusal, self.leader_address = None, why, leader_address
+
+    @property
+    def handed_over(self) -> bool:
+        """Whether this controller handed the lead over (its successor took it)."""
+        return self.refusal == HANDED_OVER
 
     async def leadership(self) -> LeadershipView:
         """Answered whether this controller leads or not: where a client asks who does."""
         return await read_leadership(self.catalog)
+
+    async def handover(self, to: str | None = None) -> HandoverView:
+        if not self._serving() or self.hand_over is None:
+            raise NotLeader(self.refusal, self.leader_address)
+        if not self._open.is_set():
+            raise ControllerError("FAILED_PRECONDITION", "a handover is already under way")
+        return await self.hand_over(to)
+
+    async def take_lead(self, epoch: int) -> LeadershipView:
+        """A standby's answer to the leader handing it the lead: poll now, and answer
+        once serving (UNAVAILABLE if that takes longer than a lease)."""
+        if self.standby is not None:
+            self.standby.woken.set()
+        try:
+            await asyncio.wait_for(self.serving_started.wait(), self.lease.lease_ms / 1000)
+        except TimeoutError:
+            raise ControllerError("UNAVAILABLE", f"this controller did not take the lead of epoch {epoch} within {self.lease.lease_ms} ms") from None
+        return await read_leadership(self.catalog)
+
+    def hold(self) -> None:
+        """New calls wait (for `release`) rather than start."""
+        self._open.clear()
+
+    def release(self) -> None:
+        self._open.set()
+
+    async def drained(self, timeout_s: float) -> int:
+        """Wait up to `timeout_s` for the calls in flight that change something (not
+        `READS`) to finish; how many still run."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            pass
+        return self._in_flight
 
     @property
     def epoch(self) -> int:
@@ -172,13 +248,23 @@ class Front:
         return self.controller is not None and (self.clock is None or self.clock.serving(monotonic()))
 
     def __getattr__(self, name: str) -> Any:
-        if self._serving():
-            return getattr(self.controller, name)
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            await self._open.wait()
+            if not self._serving():
+                raise NotLeader(self.refusal, self.leader_address)
+            running = getattr(self.controller, name)(*args, **kwargs)
+            if name in READS:  # a handover need not wait for it: it fails, naming the successor
+                return await running
+            self._in_flight += 1
+            self._idle.clear()
+            try:
+                return await running
+            finally:
+                self._in_flight -= 1
+                if self._in_flight == 0:
+                    self._idle.set()
 
-        async def refuse(*args: Any, **kwargs: Any) -> Any:
-            raise NotLeader(self.refusal, self.leader_address)
-
-        return refuse
+        return call
 
 
 class NotLeader(ControllerError):
@@ -200,6 +286,7 @@ class Standby:
     options: LeaseOptions
     front: Front
     killed: str | None = None  # why it killed the leader's process, until it takes the lead
+    woken: asyncio.Event = field(default_factory=asyncio.Event)  # poll now: a handover
 
     async def register(self) -> str | None:
         """Register this standby (once, before it says it stands by); the leader's
@@ -225,7 +312,11 @@ class Standby:
                 log.warning("standby: cannot reach the catalog: %s", error)
                 if self.catalog.dialect == "sqlite" and "locked" in str(error):
                     await asyncio.to_thread(self.kill_hung_leader)
-            await asyncio.sleep(self.options.poll_s)
+            try:
+                await asyncio.wait_for(self.woken.wait(), self.options.poll_s)
+            except TimeoutError:
+                pass
+            self.woken.clear()
 
     def kill_hung_leader(self) -> None:
         """Kill the leader's process if it is on this host, alive, and its lapsed lease
@@ -233,7 +324,7 @@ class Standby:
         the catalog stays locked, which on SQLite means it hangs holding the write lock."""
         state = self.catalog.leadership()  # a read: WAL lets it past the writer
         leader, cause = state.leader, self._cause(state)
-        if leader is None or leader.host != self.me.host or cause is None or process_gone(leader):
+        if leader is None or leader.id == self.me.id or leader.host != self.me.host or cause is None or process_gone(leader):
             return
         try:
             os.kill(leader.pid, signal.SIGKILL)
@@ -278,3 +369,64 @@ async def keep_lease(
             await asyncio.sleep(0.05)
     finally:
         renewing.cancel()
+
+
+def successor(state: Leadership, to: str | None, now_ms: int, lease_ms: int) -> ControllerInfo:
+    """The standby a handover moves the lead to: the one at address `to`, or (None) the
+    one heard from last; it must have been heard from within a lease."""
+    if not state.standbys:
+        raise ControllerError("FAILED_PRECONDITION", "no standby to hand the lead over to: start one with `tandem serve --standby`")
+    if to is None:
+        chosen = max(state.standbys, key=lambda s: s.heard_ms)
+    else:
+        chosen = next((s for s in state.standbys if s.address == to), None)
+        if chosen is None:
+            known = ", ".join(s.address for s in state.standbys)
+            raise ControllerError("NOT_FOUND", f"no standby at {to}: the standbys are at {known}")
+    if now_ms - chosen.heard_ms > lease_ms:
+        raise ControllerError(
+            "FAILED_PRECONDITION", f"the standby at {chosen.address} was last heard from {now_ms - chosen.heard_ms} ms ago: it may be gone"
+        )
+    return chosen
+
+
+async def hand_over(
+    front: Front, controller: Any, me: ControllerSpec, lease: LeaseOptions, to: str | None, tell: Callable[[str, int], Awaitable[None]]
+) -> HandoverView:
+    """The leader's side of a handover to `successor(to)`: hold new calls, let those in
+    flight finish (up to `DRAIN_S`), hand the epoch over in the catalog, stop driving
+    the replicas (the successor connects to them), `tell` the successor (its address,
+    the epoch) and wait for it to serve; then the held calls are refused naming it, so a
+    client moves there with one retry. This controller serves nothing after."""
+    state = await asyncio.to_thread(controller.catalog.leadership)
+    target = successor(state, to, controller.catalog.now_ms(), lease.lease_ms)
+    held = monotonic()
+    front.hold()
+    phases = []  # (what, when it ended)
+    try:
+        unfinished = await front.drained(DRAIN_S)
+        phases.append((f"draining ({unfinished} calls left)", monotonic()))
+        epoch = await blocking(controller.catalog.hand_over, me.id, target.id, lease.lease_ms)
+        phases.append(("the catalog's update", monotonic()))
+    except BaseException:
+        front.release()
+        raise
+    front.stop_serving(HANDED_OVER, target.address)
+    try:
+        await controller.stop_driving(NotLeader(HANDED_OVER, target.address))
+        phases.append(("letting the replicas go", monotonic()))
+        await tell(target.address, epoch)
+        phases.append(("the successor's takeover", monotonic()))
+    except Exception as error:
+        raise ControllerError(
+            "UNAVAILABLE",
+            f"handed the lead to {target.address} as epoch {epoch}, which did not say it serves ({error}); "
+            "it, or another standby once its lease lapses, takes over",
+        ) from None
+    finally:
+        front.release()
+    took_ms = int(1000 * (monotonic() - held))
+    starts = [held, *(at for _, at in phases)]
+    spent = ", ".join(f"{what} {1000 * (at - start):.0f}" for (what, at), start in zip(phases, starts))
+    log.warning("handed the lead over to %s as epoch %d: new calls held %d ms (%s)", target.address, epoch, took_ms, spent)
+    return HandoverView(me.address, target.address, epoch, took_ms)

@@ -13,8 +13,9 @@ Rules:
   are stopped too, one line each on stdout, unless `keep_replicas` or standbys are
   registered (the lead goes to one of them: the stop ends the lease), when the exit
   names the pids it left and how to re-adopt or stop them. A kill -9 of the controller
-  leaves them for the next controller to reconcile, and so does a fenced controller, or
-  one that lost the lead (its replicas belong to the newer one).
+  leaves them for the next controller to reconcile, and so does a fenced controller, one
+  that lost the lead (its replicas belong to the newer one), or one that handed it over
+  (`tandem leader handover`): that one exits 0 once its successor serves.
 - Leadership (`controller/_leadership.py`): without `standby` it takes the lead at
   once, fencing any other controller on the catalog; with it, it stands by (the ready
   line says so) until it takes the lead, and then prints the leader's ready line.
@@ -23,6 +24,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import signal
 import socket
@@ -31,9 +33,9 @@ from pathlib import Path
 from time import monotonic
 
 from catalog import InvalidArgument, ReplicaInfo
-from controller._api import ControllerError
-from controller._leadership import Front, LeaseClock, LeaseOptions, Standby, keep_lease, this_process
-from controller._service import ControllerServer
+from controller._api import ControllerError, HandoverView
+from controller._leadership import Front, LeaseClock, LeaseOptions, Standby, hand_over, keep_lease, this_process
+from controller._service import ControllerServer, ask_to_take_lead
 from controller._upkeep import UpkeepOptions
 from controller.runtime import Controller
 from protocol.security import ServerSecurity
@@ -77,7 +79,7 @@ async def serve(
     controller = await Controller.prepare(
         data_dir, catalog_url, blob_uri=blob_uri, upkeep=upkeep, security=security, on_making_class_archive=_say_making_class_archive
     )
-    front = Front(controller.catalog)
+    front = Front(controller.catalog, lease)
     try:
         server = ControllerServer(front, listen, security)
     except OSError as error:  # taken since the check
@@ -91,6 +93,7 @@ async def serve(
         loop.add_signal_handler(signum, stopping.set)
     if standby:
         standing = Standby(controller.catalog, me, lease, front)
+        front.standby = standing
         leader = await standing.register()
         print(f"tandem controller standing by on {server.address} (the leader: {leader or 'none yet'}); log in {log_path}", flush=True)
         waiting = asyncio.ensure_future(standing.wait())
@@ -103,24 +106,41 @@ async def serve(
             await controller.stop()
             return
         stopped.cancel()
+        front.standby = None
+        front.hold()  # calls that come while it recovers wait for it, not fail
         cause, found = waiting.result()
+        guarded = True  # other standbys may be registered: they take the lease once it lapses
     else:
         found = monotonic()
         _, cause = await asyncio.to_thread(controller.catalog.take_lead, me, lease.lease_ms, lambda state: "started")
+        # A standby registered before the take may take the lease once it lapses; one
+        # registered after must first be counted by a renewal, which guards the clock.
+        guarded = bool((await asyncio.to_thread(controller.catalog.leadership)).standbys)
     # Renewed from now on: a recovery may outlast the lease.
-    clock = LeaseClock(lease, renewed_at=found)
+    clock = LeaseClock(lease, renewed_at=found, guarded=guarded)
     lost: list[str] = []
 
     def lose(why: str) -> None:
         lost.append(why)
-        front.refusal, front.leader_address = "this controller lost the lead", None
+        front.stop_serving("this controller lost the lead", None)
         stopping.set()
+
+    handovers: list[asyncio.Future[HandoverView]] = []
+
+    async def hand_over_to(to: str | None) -> HandoverView:
+        tell = functools.partial(ask_to_take_lead, security=security, timeout_s=lease.lease_ms / 1000)
+        handover = asyncio.ensure_future(hand_over(front, controller, me, lease, to, tell))
+        handover.add_done_callback(lambda _: front.handed_over and stopping.set())  # even if its successor did not answer
+        handovers.append(handover)
+        return await asyncio.shield(handover)  # a caller that gives up does not stop it halfway
 
     front.refusal = "this controller is taking the lead"
     keeping = asyncio.ensure_future(keep_lease(controller.catalog, me, clock, lose, controller.learn_fenced))
     await controller.lead("" if cause == "started" else cause)
     if not lost:  # else it lost the lead while recovering: it serves nothing
-        front.controller, front.clock = controller, clock
+        front.serve(controller, clock)
+        front.hand_over = hand_over_to
+    front.release()
     if cause != "started":
         log.warning("took the lead as epoch %d (%s) in %d ms", controller.epoch, cause, 1000 * (monotonic() - found))
     http = ""
@@ -138,7 +158,14 @@ async def serve(
     await stopping.wait()
     fenced.cancel()
     keeping.cancel()
+    if handovers:  # one under way ends first: its successor must be serving
+        await asyncio.wait(handovers)
     await server.stop(2)
+    if front.handed_over:  # the successor drives the replicas now
+        for replica in await controller.stop():
+            print(f"left replica {_name(replica)} running (pid {replica.pid}) to the new leader", flush=True)
+        print(f"handed the lead over to {front.leader_address}", flush=True)
+        return
     if controller.fenced is not None or lost:  # its replicas and catalog belong to the next leader now
         await controller.stop()
         raise ControllerError("UNAVAILABLE", str(controller.fenced) if controller.fenced is not None else f"this controller no longer leads: {lost[0]}")

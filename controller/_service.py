@@ -33,6 +33,7 @@ from controller._api import (
     DataflowStatusView,
     DataflowView,
     InstanceView,
+    LeadershipView,
     ReplicaView,
     SourceView,
     StatusCode,
@@ -161,6 +162,17 @@ def _dataflow_to_proto(view: DataflowView) -> pb.DataflowView:
     )
 
 
+def _leadership_to_proto(view: LeadershipView) -> pb.LeadershipView:
+    leader = None if view.leader is None else pb.ControllerView(**asdict(view.leader))
+    return pb.LeadershipView(
+        epoch=view.epoch,
+        leader=leader,
+        lease_remaining_ms=view.lease_remaining_ms,
+        lease_renewals=view.lease_renewals,
+        standbys=[pb.ControllerView(**asdict(s)) for s in view.standbys],
+    )
+
+
 # --- Servicer --------------------------------------------------------------------------
 
 
@@ -176,15 +188,15 @@ class ControllerServicer(pb_grpc.ControllerServicer):
 
     @_rpc
     async def GetLeadership(self, request: pb.GetLeadershipRequest) -> pb.LeadershipView:
-        view = await self._api.leadership()
-        leader = None if view.leader is None else pb.ControllerView(**asdict(view.leader))
-        return pb.LeadershipView(
-            epoch=view.epoch,
-            leader=leader,
-            lease_remaining_ms=view.lease_remaining_ms,
-            lease_renewals=view.lease_renewals,
-            standbys=[pb.ControllerView(**asdict(s)) for s in view.standbys],
-        )
+        return _leadership_to_proto(await self._api.leadership())
+
+    @_rpc
+    async def Handover(self, request: pb.HandoverRequest) -> pb.HandoverResponse:
+        return pb.HandoverResponse(**asdict(await self._api.handover(codec.optional_field(request, "to"))))
+
+    @_rpc
+    async def TakeLead(self, request: pb.TakeLeadRequest) -> pb.LeadershipView:
+        return _leadership_to_proto(await self._api.take_lead(request.epoch))
 
     @_rpc
     async def CreateInstance(self, request: pb.CreateInstanceRequest) -> pb.InstanceView:
@@ -371,3 +383,10 @@ class ControllerServer:
         """Refuse new calls; let calls in flight finish for `grace` seconds, then cancel
         them (None: wait for them all)."""
         await self._server.stop(grace)
+
+
+async def ask_to_take_lead(address: str, epoch: int, security: ServerSecurity, timeout_s: float) -> None:
+    """Tell the standby at `address` that a handover gave it the lead as `epoch`, and
+    wait (up to `timeout_s`) until it answers that it serves; a `grpc.RpcError` if not."""
+    async with security.channel(address, list(codec.CLIENT_CHANNEL_OPTIONS)) as channel:
+        await pb_grpc.ControllerStub(channel).TakeLead(pb.TakeLeadRequest(epoch=epoch), timeout=timeout_s, metadata=security.metadata)

@@ -45,6 +45,7 @@ from controller._api import (
     DataflowStatusView,
     DataflowView,
     EventView,
+    HandoverView,
     HoldView,
     InstanceView,
     LeadershipView,
@@ -468,17 +469,31 @@ class Client:
 
         Refusals (NOT_FOUND, FAILED_PRECONDITION below the since, INVALID_ARGUMENT) are
         raised by the first `next()`; a client too slow to read is dropped with
-        RESOURCE_EXHAUSTED naming where to resume."""
+        RESOURCE_EXHAUSTED naming where to resume. With several addresses a feed cut by
+        a failover or a handover goes on at the new leader, from its last progress (or
+        from the start, if nothing was delivered yet): each time still comes once. One
+        cut after some of its snapshot but before any progress is UNAVAILABLE."""
         with _arguments():
             request = pb.SubscribeRequest(instance=instance, name=name, as_of=as_of, up_to=up_to, snapshot=snapshot, progress=progress)
-        stream = self._stub.Subscribe(request, metadata=self._metadata)
-        try:
-            for message in stream:
-                yield SubscribeBatch(ipc_to_table(message.arrow_ipc), codec.optional_field(message, "progress"))
-        except grpc.RpcError as error:
-            raise self._error(error, "Subscribe", 0) from None
-        finally:
-            stream.cancel()
+        delivered = False  # anything, since the last progress
+        gives_up = None  # after a failover that finds no leader for `failover` seconds
+        while True:
+            stream = self._stub.Subscribe(request, metadata=self._metadata)
+            try:
+                for message in stream:
+                    batch = SubscribeBatch(ipc_to_table(message.arrow_ipc), codec.optional_field(message, "progress"))
+                    if batch.progress is not None:
+                        request.as_of, request.snapshot, delivered, gives_up = batch.progress, False, False, None
+                    else:
+                        delivered = delivered or batch.updates.num_rows > 0
+                    yield batch
+                return
+            except grpc.RpcError as error:
+                gives_up = gives_up or monotonic() + self._failover
+                if delivered or monotonic() >= gives_up or not self._follow(error, "Subscribe"):
+                    raise self._error(error, "Subscribe", 0) from None
+            finally:
+                stream.cancel()
 
     def leadership(self) -> LeadershipView:
         """Which controller leads, its epoch and lease, and the standbys: answered by
@@ -495,6 +510,15 @@ class Client:
             response.lease_renewals,
             tuple(view(s) for s in response.standbys),
         )
+
+    def handover(self, to: str | None = None) -> HandoverView:
+        """Move the lead to the standby at address `to` (None: the one the catalog heard
+        from last), e.g. before upgrading the leader; answered once the standby serves,
+        and calls go there from then on. NOT_FOUND for no standby at `to`,
+        FAILED_PRECONDITION with no standby (or a handover already under way)."""
+        view = HandoverView(**codec.plain_fields(self._call("Handover", pb.HandoverRequest, to=to)))
+        self._use(view.leader)
+        return view
 
     def events(self, instance: str | None = None, *, after: int | None = None, limit: int = 100) -> list[EventView]:
         """Events oldest first, of `instance` or of all: those recorded after id `after`,
@@ -579,8 +603,10 @@ class Client:
 
 
 # Calls sent again after a failover whatever became of the first try: those that only
-# read, and appends (applied once per idempotency key).
-_RETRIED = frozenset({"GetVersion", "GetLeadership", "ListInstances", "ListSources", "ListDataflows", "Peek", "Query", "Status", "ListEvents", "ListStorage", "Append"})
+# read (a feed from its last progress), and appends (applied once per idempotency key).
+_RETRIED = frozenset(
+    {"GetVersion", "GetLeadership", "ListInstances", "ListSources", "ListDataflows", "Peek", "Query", "Status", "ListEvents", "ListStorage", "Append", "Subscribe"}
+)
 _FAILOVER_POLL_S = 0.2
 
 

@@ -50,6 +50,7 @@ from controller._api import (
     DataflowStatusView,
     DataflowView,
     EventView,
+    HandoverView,
     InstanceView,
     LeadershipView,
     ReadResult,
@@ -219,12 +220,8 @@ class Controller:
         reconciles with them) unless `stop_replicas` (an operator's stop of `tandem
         serve`), when they are stopped too, and gone when this returns. Either way,
         the managed replicas that were running."""
-        for task in self._tasks:
-            task.cancel()
-        self.ingest.stop()
+        await self.stop_driving()
         await asyncio.to_thread(self.http.close)  # a request in flight may need this loop
-        for driver in self.drivers.values():
-            await driver.stop()
         try:
             replicas = await asyncio.to_thread(self.orchestrator.stop_all if stop_replicas else self.orchestrator.running)
         except Exception as error:  # the catalog is gone: nothing says which processes are ours
@@ -232,6 +229,17 @@ class Controller:
             replicas = []
         await self._stop_planner()
         return replicas
+
+    async def stop_driving(self, why: ControllerError | None = None) -> None:
+        """Stop committing, upkeep and every instance's replica connections, at once:
+        what a controller that handed the lead over must not go on doing while the
+        next one connects; feeds and waiting peeks fail with `why` (`InstanceDriver.stop`).
+        `stop` does it too; doing it twice is harmless."""
+        for task in self._tasks:
+            task.cancel()
+        self.ingest.stop()
+        for driver in self.drivers.values():
+            await driver.stop(why)
 
     async def _stop_planner(self) -> None:
         try:
@@ -773,6 +781,12 @@ class Controller:
     async def leadership(self) -> LeadershipView:
         return await read_leadership(self.catalog)
 
+    async def handover(self, to: str | None = None) -> HandoverView:
+        raise ControllerError("FAILED_PRECONDITION", _NO_LEADERSHIP)
+
+    async def take_lead(self, epoch: int) -> LeadershipView:
+        raise ControllerError("FAILED_PRECONDITION", _NO_LEADERSHIP)
+
     async def events(self, instance: str | None = None, *, after: int | None = None, limit: int = 100) -> list[EventView]:
         try:
             found = await _blocking(self.catalog.list_events, instance, after=after, limit=limit)
@@ -782,6 +796,8 @@ class Controller:
             raise ControllerError("NOT_FOUND", f"no instance {instance!r}, and none left events")
         return [EventView(e.id, e.at_ms, e.instance, e.kind, e.replica, e.message) for e in found]
 
+
+_NO_LEADERSHIP = "this controller runs in-process, without standbys: only `tandem serve` hands the lead over"
 
 STRATEGIES = ("auto", "incremental", "recompute")
 

@@ -5,7 +5,7 @@ import warnings
 
 from protocol import compute_pb2 as protocol_dot_compute__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.85.4'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 

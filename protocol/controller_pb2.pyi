@@ -61,6 +61,30 @@ class LeadershipView(_message.Message):
     standbys: _containers.RepeatedCompositeFieldContainer[ControllerView]
     def __init__(self, epoch: _Optional[int] = ..., leader: _Optional[_Union[ControllerView, _Mapping]] = ..., lease_remaining_ms: _Optional[int] = ..., lease_renewals: _Optional[int] = ..., standbys: _Optional[_Iterable[_Union[ControllerView, _Mapping]]] = ...) -> None: ...
 
+class HandoverRequest(_message.Message):
+    __slots__ = ("to",)
+    TO_FIELD_NUMBER: _ClassVar[int]
+    to: str
+    def __init__(self, to: _Optional[str] = ...) -> None: ...
+
+class HandoverResponse(_message.Message):
+    __slots__ = ("previous", "leader", "epoch", "unavailable_ms")
+    PREVIOUS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_MS_FIELD_NUMBER: _ClassVar[int]
+    previous: str
+    leader: str
+    epoch: int
+    unavailable_ms: int
+    def __init__(self, previous: _Optional[str] = ..., leader: _Optional[str] = ..., epoch: _Optional[int] = ..., unavailable_ms: _Optional[int] = ...) -> None: ...
+
+class TakeLeadRequest(_message.Message):
+    __slots__ = ("epoch",)
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    def __init__(self, epoch: _Optional[int] = ...) -> None: ...
+
 class StringMap(_message.Message):
     __slots__ = ("entries",)
     class EntriesEntry(_message.Message):

@@ -5,7 +5,7 @@ import warnings
 
 from protocol import controller_pb2 as protocol_dot_controller__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.85.4'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -43,6 +43,16 @@ class ControllerStub:
         self.GetLeadership = channel.unary_unary(
                 '/tandem.v1.Controller/GetLeadership',
                 request_serializer=protocol_dot_controller__pb2.GetLeadershipRequest.SerializeToString,
+                response_deserializer=protocol_dot_controller__pb2.LeadershipView.FromString,
+                _registered_method=True)
+        self.Handover = channel.unary_unary(
+                '/tandem.v1.Controller/Handover',
+                request_serializer=protocol_dot_controller__pb2.HandoverRequest.SerializeToString,
+                response_deserializer=protocol_dot_controller__pb2.HandoverResponse.FromString,
+                _registered_method=True)
+        self.TakeLead = channel.unary_unary(
+                '/tandem.v1.Controller/TakeLead',
+                request_serializer=protocol_dot_controller__pb2.TakeLeadRequest.SerializeToString,
                 response_deserializer=protocol_dot_controller__pb2.LeadershipView.FromString,
                 _registered_method=True)
         self.CreateInstance = channel.unary_unary(
@@ -156,6 +166,24 @@ class ControllerServicer:
 
     def GetLeadership(self, request, context):
         """Who leads: answered by the leader and by every standby alike.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Handover(self, request, context):
+        """Move the lead to a standby on purpose (an upgrade): the leader holds new calls, lets
+        those in flight finish, hands the epoch over, and answers once the standby serves;
+        the held calls are then refused naming the new leader. NOT_FOUND for no standby at
+        `to`, FAILED_PRECONDITION with no standby.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TakeLead(self, request, context):
+        """Sent by a leader handing the lead to this standby: take it now (not at the next
+        poll), answered once it serves. Only the catalog gives the lead; this only hurries.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -303,6 +331,16 @@ def add_ControllerServicer_to_server(servicer, server):
             'GetLeadership': grpc.unary_unary_rpc_method_handler(
                     servicer.GetLeadership,
                     request_deserializer=protocol_dot_controller__pb2.GetLeadershipRequest.FromString,
+                    response_serializer=protocol_dot_controller__pb2.LeadershipView.SerializeToString,
+            ),
+            'Handover': grpc.unary_unary_rpc_method_handler(
+                    servicer.Handover,
+                    request_deserializer=protocol_dot_controller__pb2.HandoverRequest.FromString,
+                    response_serializer=protocol_dot_controller__pb2.HandoverResponse.SerializeToString,
+            ),
+            'TakeLead': grpc.unary_unary_rpc_method_handler(
+                    servicer.TakeLead,
+                    request_deserializer=protocol_dot_controller__pb2.TakeLeadRequest.FromString,
                     response_serializer=protocol_dot_controller__pb2.LeadershipView.SerializeToString,
             ),
             'CreateInstance': grpc.unary_unary_rpc_method_handler(
@@ -455,6 +493,60 @@ class Controller:
             target,
             '/tandem.v1.Controller/GetLeadership',
             protocol_dot_controller__pb2.GetLeadershipRequest.SerializeToString,
+            protocol_dot_controller__pb2.LeadershipView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Handover(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.Controller/Handover',
+            protocol_dot_controller__pb2.HandoverRequest.SerializeToString,
+            protocol_dot_controller__pb2.HandoverResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TakeLead(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.Controller/TakeLead',
+            protocol_dot_controller__pb2.TakeLeadRequest.SerializeToString,
             protocol_dot_controller__pb2.LeadershipView.FromString,
             options,
             channel_credentials,

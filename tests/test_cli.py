@@ -232,6 +232,13 @@ def test_leader_show_names_the_leader_its_lease_and_the_standbys(tandem):
     assert json.loads(out)["standbys"][0] == {"role": "standby", "address": "10.0.0.6:6875", "host": "h2", "pid": 42, "heard_ms_ago": 480}
 
 
+def test_leader_handover_says_where_the_lead_went(tandem):
+    code, out, _ = tandem("leader", "handover", "--to", "10.0.0.6:6875")
+    assert code == 0 and out.strip() == "handed the lead over from 10.0.0.5:6875 to 10.0.0.6:6875 (epoch 8); new calls waited 67 ms"
+    code, _, err = tandem("leader", "handover", "--to", "10.0.0.9:1")
+    assert code == 1 and err.strip() == "error: NOT_FOUND: no standby at 10.0.0.9:1: the standbys are at 10.0.0.6:6875"
+
+
 def test_source_create_and_list(tandem):
     code, out, _ = tandem(
         "source", "create", "events", "--schema", "id bigint not null, note string"
@@ -599,8 +606,9 @@ def test_query_prints_rows(tandem, api):
 def test_status_shows_replicas_and_collections(tandem, api):
     tandem("dataflow", "create", "prod", "kept", "--sql", "SELECT * FROM orders", "--materialize")
     code, out, _ = tandem("status", "prod")
-    lines = out.splitlines()
+    lead, blank, *lines = out.splitlines()
     assert code == 0
+    assert (lead, blank) == ("controller 10.0.0.5:6875 leads at epoch 7 (lease 3880 ms left); standbys: 10.0.0.6:6875 (heard 480 ms ago)", "")
     assert lines[0] == (
         "instance prod: healthy (1 of 1 replicas in sync, min 1; max lag 1000 ms; "
         "history 5 commands, 1 reductions, 10 pushed)"
@@ -699,7 +707,7 @@ def test_status_and_dataflow_list_say_what_fails(tandem, api, monkeypatch):
 
     code, out, _ = tandem("status", "prod")
 
-    lines = out.splitlines()
+    lines = out.splitlines()[2:]  # after who leads
     assert code == 0 and lines[0].startswith("instance prod: healthy")
     assert lines[1] == "dataflow kept serves nowhere: failed on r1: division by zero"
     header, row = lines[2].split(), lines[4].split()

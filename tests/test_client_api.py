@@ -39,6 +39,7 @@ from controller._api import (
     DataflowStatusView,
     DataflowView,
     EventView,
+    HandoverView,
     InstanceView,
     LeadershipView,
     ReadResult,
@@ -461,6 +462,16 @@ class FakeApi:
         await self._enter("leadership")
         return LEADERSHIP
 
+    async def handover(self, to=None):
+        await self._enter("handover", to)
+        if to not in (None, "10.0.0.6:6875"):
+            raise ControllerError("NOT_FOUND", f"no standby at {to}: the standbys are at 10.0.0.6:6875")
+        return HandoverView("10.0.0.5:6875", "10.0.0.6:6875", 8, 67)
+
+    async def take_lead(self, epoch):
+        await self._enter("take_lead", epoch)
+        return LEADERSHIP
+
     async def events(self, instance=None, *, after=None, limit=100):
         await self._enter("events", instance, after=after, limit=limit)
         found = [e for e in self.events_recorded if instance in (None, e.instance) and (after is None or e.id > after)]
@@ -487,6 +498,14 @@ def test_an_unreachable_catalog_is_unavailable_so_a_client_tries_another_control
 
 def test_leadership_comes_back_whole(client, api):
     assert client.leadership() == LEADERSHIP
+
+
+def test_a_handover_comes_back_whole_and_the_client_moves_to_the_new_leader(client, api):
+    with pytest.raises(TandemError, match="no standby at 10.0.0.9:1") as unknown:
+        client.handover("10.0.0.9:1")
+    assert unknown.value.code is grpc.StatusCode.NOT_FOUND
+    assert client.handover() == HandoverView("10.0.0.5:6875", "10.0.0.6:6875", 8, 67)
+    assert client.address == "10.0.0.6:6875" and api.calls[-1] == ("handover", (None,), {})
 
 
 # --- The server ------------------------------------------------------------------------

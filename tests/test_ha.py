@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import threading
 import time
 
 import grpc
@@ -157,3 +158,94 @@ def test_a_call_to_a_hung_controller_fails_within_seconds_so_the_client_can_move
         controller.kill()
 
 
+
+
+def test_a_handover_moves_the_lead_to_the_named_standby_and_calls_wait_rather_than_fail(tmp_path):
+    """`tandem leader handover`: the leader holds new calls, hands the epoch over and
+    exits 0 once the standby serves; appends and strict reads in a loop through it all
+    succeed (a held call is retried once, at the new leader), every append lands once,
+    each read sees every append before it, a feed goes on at the new leader with each
+    time once, and the replica is kept, not rebuilt."""
+    ports = _free_port(), _free_port()
+    first = _controller(tmp_path, "c1", ports[0], standby=False)
+    second = _controller(tmp_path, "c2", ports[1], standby=True)
+    try:
+        client = Client.connect(f"{first.address},{second.address}", failover=60)
+        client.create_instance("main", replica_timeout_ms=30_000)
+        client.add_replica("main", "r1", size="xsmall")
+        client.create_source("s", "id BIGINT NOT NULL, v DOUBLE")
+        client.create_dataflow("main", "totals", TOTALS)
+        client.peek("main", "totals", consistency="strict", timeout_ms=120_000)
+        with Client(f"{first.address},{second.address}") as asked:
+            with pytest.raises(TandemError, match="no standby at 127.0.0.1:1") as unknown:
+                asked.handover("127.0.0.1:1")
+            assert unknown.value.code is grpc.StatusCode.NOT_FOUND
+        acked, failures, latencies = [], [], []
+        done = threading.Event()
+
+        def calls() -> None:
+            with Client(f"{first.address},{second.address}", failover=60) as looping:
+                while not done.is_set():
+                    started = time.monotonic()
+                    try:
+                        looping.append("s", [{"id": len(acked), "v": 1.0}])
+                        acked.append(len(acked))
+                        rows = looping.peek("main", "totals", consistency="strict", timeout_ms=30_000).rows
+                    except TandemError as error:
+                        failures.append(error)
+                    else:
+                        if rows != [{"n": len(acked), "total": float(len(acked))}]:
+                            failures.append(rows)
+                    latencies.append(time.monotonic() - started)
+
+        batches = []
+
+        def feed() -> None:
+            with Client(f"{first.address},{second.address}", failover=60) as following:
+                for batch in following.subscribe("main", "totals", progress=True):
+                    batches.append(batch)
+                    if done.is_set():
+                        return
+
+        loop, follow = threading.Thread(target=calls, daemon=True), threading.Thread(target=feed, daemon=True)
+        loop.start()
+        follow.start()
+        wait_until(lambda: len(acked) >= 5, 60, "appends through the first leader")
+        view = client.handover(second.address)
+        handed = len(latencies)
+        assert (view.previous, view.leader, view.epoch) == (first.address, second.address, 2)
+        assert client.address == second.address
+        assert first.process.wait(timeout=30) == 0
+        said = first.process.stdout.read().decode()
+        assert f"handed the lead over to {second.address}" in said and "left replica main/r1 running" in said
+        wait_until(lambda: len(latencies) >= handed + 5, 60, "calls through the new leader")
+        done.set()
+        loop.join(60)
+        follow.join(60)
+        print(f"handover: new calls waited {view.unavailable_ms} ms; slowest call in the loop {max(latencies):.2f} s")
+        assert failures == []
+        result = client.peek("main", "totals", consistency="strict", timeout_ms=120_000)
+        assert result.rows == [{"n": len(acked), "total": float(len(acked))}]
+        # The feed went on at the new leader from its last progress: each time once, in
+        # order, and its changes add up to the contents at its last progress.
+        times = [sorted(set(batch.updates.column("_time").to_pylist())) for batch in batches]
+        flat = [t for batch_times in times for t in batch_times]
+        assert flat == sorted(set(flat)), "a time came twice, or out of order"
+        last = max(b.progress for b in batches if b.progress is not None)
+        contents: dict[tuple, int] = {}
+        for batch in batches:
+            for row in batch.updates.to_pylist():
+                key = (row["n"], row["total"])
+                contents[key] = contents.get(key, 0) + row["_diff"]
+        expected = client.peek("main", "totals", timestamp=last).rows
+        assert {key: diff for key, diff in contents.items() if diff} == {(row["n"], row["total"]): 1 for row in expected}
+        took_over = [e.message for e in client.events("main") if e.kind == "took_over"]
+        assert "handed the lead over to it" in took_over[-1]
+        assert client.status("main")[0].replicas[0].dataflows_kept >= 1  # reconciled, not rebuilt
+        assert client.leadership().leader.address == second.address
+        client.close()
+    finally:
+        for process in (first, second):
+            if process.process.poll() is None:
+                process.kill()
+        kill_replicas(tmp_path / "c1", f"sqlite:///{tmp_path / 'shared' / 'catalog.db'}")

@@ -1,7 +1,7 @@
 """Leadership of controllers on one catalog, without Spark: the decisions
 (`controller/_leadership.py`), their records in a real catalog (`catalog/_leadership.py`),
-and a seeded simulation of a leader and standbys under kills, pauses, catalog cuts and
-stops, checking that at most one controller serves at any moment, and that one does
+and a seeded simulation of a leader and standbys under kills, pauses, catalog cuts,
+stops and handovers, checking that at most one controller serves at any moment, and that one does
 once the faults end."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from catalog import Catalog, ControllerInfo, ControllerSpec, Fenced, Leadership, make_engine
+from catalog import Catalog, ControllerInfo, ControllerSpec, FailedPrecondition, Fenced, Leadership, make_engine
 from controller._api import ControllerError
-from controller._leadership import STALE_LEASES, Front, LeaseClock, LeaseOptions, Standby, takeover_cause
+from controller._leadership import STALE_LEASES, Front, LeaseClock, LeaseOptions, Standby, successor, takeover_cause
 from controller._orchestrator import process_start
 
 LEASE = LeaseOptions(lease_ms=5_000, renew_ms=1_000, margin_ms=1_500)
@@ -127,7 +127,7 @@ def test_a_standby_kills_a_leader_on_its_host_that_hangs_holding_the_catalogs_wr
         catalog.renew_lease("a", 5_000, 15_000)  # the leader counted the standby
         lock = sqlite3.connect(tmp_path / "catalog.db", isolation_level=None)
         lock.execute("BEGIN IMMEDIATE")  # what the leader holds, stopped mid-transaction
-        standby = Standby(catalog, me, LeaseOptions(lease_ms=5_000, renew_ms=200, margin_ms=1_500), Front(catalog))
+        standby = Standby(catalog, me, LeaseOptions(lease_ms=5_000, renew_ms=200, margin_ms=1_500), Front(catalog, LeaseOptions()))
 
         async def take_over() -> tuple[str, float]:
             waiting = asyncio.ensure_future(standby.wait())
@@ -185,6 +185,7 @@ class _World:
         self.processes: list[_Process] = []
         self.started = 0
         self.takeovers: list[str] = []
+        self.handovers = 0
         self.start("h2")  # alone at first: standbys join later, one may find a leader unaware of it
 
     def start(self, host: str) -> _Process:
@@ -227,7 +228,7 @@ class _World:
             process.spec, LEASE.lease_ms, lambda state: takeover_cause(state, process.spec, now, LEASE.lease_ms, self.gone)
         )
         if taken is not None:
-            process.role, process.clock = "leader", LeaseClock(LEASE, renewed_at=found)
+            process.role, process.clock = "leader", LeaseClock(LEASE, renewed_at=found, guarded=True)  # as `serve`
             process.next_ms = self.now  # renews at once, as `keep_lease` does
             self.takeovers.append(taken[1])
 
@@ -243,8 +244,10 @@ class _World:
 
     def fault(self) -> None:
         live = [p for p in self.processes if p.role in ("standby", "leader")]
-        kind = self.rng.choice(["kill", "pause", "cut", "stop", "join"])
+        kind = self.rng.choice(["kill", "pause", "cut", "stop", "join", "handover"])
         victim = self.rng.choice(live)
+        if kind == "handover":  # only the leader hands over
+            victim = next((p for p in live if p.role == "leader"), victim)
         if kind == "join":
             if len(live) < 4:
                 self.start(self.rng.choice(["h1", "h2"]))
@@ -255,6 +258,15 @@ class _World:
             victim.paused_until = self.now + self.rng.randint(500, 12_000)
         elif kind == "cut":
             victim.cut_until = self.now + self.rng.randint(500, 12_000)
+        elif kind == "handover":  # to a standby it names; it stops serving once the catalog says so
+            standbys = victim.catalog.leadership().standbys if victim.serving(self.now) and self.now >= victim.cut_until else ()
+            if standbys:
+                try:
+                    victim.catalog.hand_over(victim.spec.id, self.rng.choice(standbys).id, LEASE.lease_ms)
+                except Fenced:
+                    pass
+                self.stopped(victim)
+                self.handovers += 1
         elif victim.role == "leader":  # an operator's stop: it ends its lease as it goes
             victim.catalog.leave_leadership(victim.spec.id)
             self.stopped(victim)
@@ -276,7 +288,7 @@ class _World:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_at_most_one_controller_serves_under_kills_pauses_and_cuts_and_one_does_after(tmp_path, seed):
+def test_at_most_one_controller_serves_under_kills_pauses_cuts_and_handovers_and_one_does_after(tmp_path, seed):
     # In memory where the machine has it: a catalog commit per poll and renewal.
     shm = Path("/dev/shm")
     with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else tmp_path) as directory:
@@ -285,6 +297,7 @@ def test_at_most_one_controller_serves_under_kills_pauses_and_cuts_and_one_does_
         world.engine.dispose()
     assert served[-1] != "", f"nobody serves once the faults ended (takeovers: {world.takeovers})"
     assert len(world.takeovers) >= 2  # the faults moved the lead at least once
+    print(f"seed {seed}: {len(world.takeovers)} takeovers, {world.handovers} handovers")
 
 
 def test_a_standby_the_leader_never_saw_does_not_take_its_lease(tmp_path):
@@ -300,3 +313,56 @@ def test_a_standby_the_leader_never_saw_does_not_take_its_lease(tmp_path):
     served = world.run(fault_ms=0, quiet_ms=30_000)
     assert set(served) == {leader.spec.id}  # it served throughout; then it saw the standby
     assert standby.role == "standby" and leader.clock.guarded
+
+
+def test_a_standby_that_takes_the_lead_and_is_cut_off_at_once_stops_before_another_takes_it(tmp_path):
+    """The new leader's first renewal may never come: it must not serve past its own
+    clock's deadline meanwhile, since the other standbys saw the lease's renewals."""
+    world = _World(tmp_path, seed=1)
+    world.run(fault_ms=0, quiet_ms=2_000)
+    b, c = world.start("h1"), world.start("h1")
+    world.run(fault_ms=0, quiet_ms=2_000)  # both counted by a renewal
+    (a,) = [p for p in world.processes if p.role == "leader"]
+    a.role = "dead"  # on another host: the lease must lapse
+    world.gone = lambda info: False
+    while b.role != "leader" and c.role != "leader":
+        world.now += TICK_MS
+        for process in (b, c):
+            world.act(process)
+    taker = b if b.role == "leader" else c
+    taker.cut_until = world.now + 30_000  # before its first renewal
+    served = world.run(fault_ms=0, quiet_ms=20_000)  # asserts that at most one serves
+    assert served[-1] not in ("", taker.spec.id)
+
+
+def test_a_handover_moves_the_lead_to_the_named_standby_and_fences_the_old_leader(tmp_path):
+    clock = _Clock()
+    a, b = _catalogs(tmp_path, clock, 0, 0)
+    a.take_lead(ControllerSpec("a", "x:1", "h1", 10, None), 5_000, lambda state: "started")
+    b.register_standby(ME)
+    with pytest.raises(FailedPrecondition, match="is not a standby"):
+        a.hand_over("a", "nobody", 5_000)
+    assert a.hand_over("a", ME.id, 5_000) == 2
+    with pytest.raises(Fenced):
+        a.renew_lease("a", 5_000, 15_000)
+    state = b.leadership()
+    assert (state.epoch, state.leader.id, state.standbys) == (2, ME.id, ())
+    cause = takeover_cause(state, ME, clock.ms, 5_000)
+    assert b.take_lead(ME, 5_000, lambda state: takeover_cause(state, ME, clock.ms, 5_000)) == (2, cause)  # adopted, not bumped
+    assert cause == "the leader handed the lead over to it" and b.renew_lease(ME.id, 5_000, 15_000).epoch == 2
+
+
+def test_a_handover_goes_to_a_standby_heard_from_within_a_lease():
+    fresh = ControllerInfo("b", "standby", "b:1", "h", 2, None, 0, 9_000, 0)
+    stale = ControllerInfo("c", "standby", "c:1", "h", 3, None, 0, 1_000, 0)
+    state = Leadership(3, None, None, 5, (stale, fresh))
+    assert successor(state, None, 10_000, 5_000) == fresh
+    with pytest.raises(ControllerError, match="last heard from 9000 ms ago") as failed:
+        successor(state, "c:1", 10_000, 5_000)
+    assert failed.value.code == "FAILED_PRECONDITION"
+    with pytest.raises(ControllerError, match="no standby at d:1: the standbys are at c:1, b:1") as failed:
+        successor(state, "d:1", 10_000, 5_000)
+    assert failed.value.code == "NOT_FOUND"
+    with pytest.raises(ControllerError, match="no standby to hand the lead over to") as failed:
+        successor(Leadership(3, None, None, 5, ()), None, 10_000, 5_000)
+    assert failed.value.code == "FAILED_PRECONDITION"

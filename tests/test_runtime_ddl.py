@@ -194,6 +194,18 @@ def test_appends_follow_a_source_name_through_its_drop_and_recreation(tmp_path):
     asyncio.run(run())
 
 
+def test_an_in_process_controller_has_no_standby_to_hand_over_to(tmp_path):
+    async def run() -> None:
+        controller = _controller(tmp_path)
+        for call in (controller.handover(), controller.take_lead(3)):
+            with pytest.raises(ControllerError, match="only `tandem serve` hands the lead over") as refused:
+                await call
+            assert refused.value.code == "FAILED_PRECONDITION"
+        await _stop(controller)
+
+    asyncio.run(run())
+
+
 def test_an_append_and_the_move_of_the_other_sources_are_one_commit(tmp_path, monkeypatch):
     """The append and the move of every other source past its time are one transaction
     (the group commit's): when the catalog fails in the middle of it, nothing is

@@ -22,7 +22,7 @@ from rich.text import Text
 from controller import _progress
 from controller._api import ControllerError, DataflowView, InstanceView, ReplicaView, SourceView
 from controller.cli._files import _invalid, _read_parquet, _read_rows
-from controller.cli._render import _cell, _count, _event_row, _json_value, _status
+from controller.cli._render import _cell, _count, _event_row, _json_value, _status_report
 from controller.client import Client, QueryResult, TandemError
 from protocol.security import ServerSecurity, read_token
 
@@ -58,14 +58,16 @@ def _watch_status(args: argparse.Namespace) -> None:
     with Client(args.address, **_security(args)) as client:
         if args.json or not console.is_terminal:
             while True:
-                views = client.status(args.instance)
-                print(json.dumps(views, default=_json_value) if args.json else _status(views) + "\n", flush=True)
+                if args.json:
+                    print(json.dumps(client.status(args.instance), default=_json_value), flush=True)
+                else:
+                    print(_status_report(client, args.instance) + "\n", flush=True)
                 time.sleep(args.interval)
         frame = Text()
         try:
             with Live(console=console, auto_refresh=False, screen=True, vertical_overflow="crop") as live:
                 while True:
-                    frame = Text(_status(client.status(args.instance)))
+                    frame = Text(_status_report(client, args.instance))
                     live.update(frame, refresh=True)
                     time.sleep(args.interval)
         finally:

@@ -30,8 +30,8 @@ from controller.cli._commands import (
     _watch_status,
 )
 from controller.cli import _storage
-from controller.cli._render import format_table, _dataflows, _events, _instances, _leadership, _one, _replicas, _rows, _said, _sources, _status
-from controller.client import DEFAULT_ADDRESS
+from controller.cli._render import format_table, _dataflows, _events, _handover, _instances, _leadership, _one, _replicas, _rows, _said, _sources, _status_report
+from controller.client import DEFAULT_ADDRESS, Client
 from protocol.security import add_server_arguments
 
 # --- Arguments -------------------------------------------------------------------------
@@ -81,6 +81,11 @@ def _where(text: str) -> tuple[Any, ...]:
         return (column, "in", value)
     return (column, op, value)
 
+
+
+def _status_data(client: Client, args: argparse.Namespace) -> Any:
+    """What `tandem status` prints: the instances as JSON, or as text with who leads."""
+    return client.status(args.instance) if args.json else _status_report(client, args.instance)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -367,6 +372,15 @@ def _parser() -> argparse.ArgumentParser:
 
     leader = group("leader", "which controller leads, and its standbys")
     leaf(leader, "show", "show the leading controller, its epoch and lease, and the standbys", lambda c, a: c.leadership(), _leadership)
+    p = leaf(
+        leader,
+        "handover",
+        "move the lead to a standby on purpose (to upgrade or stop the leader): the leader holds new calls, "
+        "lets those in flight finish, hands over and exits once the standby serves",
+        lambda c, a: c.handover(a.to),
+        _handover,
+    )
+    p.add_argument("--to", metavar="HOST:PORT", help="the standby to hand over to (default: the one heard from last)")
 
     dataflow = group("dataflow", "create, drop and list dataflows")
     p = leaf(
@@ -451,14 +465,14 @@ def _parser() -> argparse.ArgumentParser:
     p = leaf(
         commands,
         "status",
-        "instances with their replicas, dataflows and collections, and what fails",
-        lambda c, a: c.status(a.instance),
-        _status,
+        "who leads; instances with their replicas, dataflows and collections, and what fails",
+        _status_data,
+        str,
     )
     p.add_argument("instance", nargs="?")
     p.add_argument("--watch", action="store_true", help="redraw it every --interval seconds until interrupted")
     p.add_argument("--interval", type=float, default=2.0, metavar="S", help="with --watch (default: %(default)s)")
-    p.set_defaults(run=lambda args: _watch_status(args) if args.watch else _run(lambda c, a: c.status(a.instance), _status, args))
+    p.set_defaults(run=lambda args: _watch_status(args) if args.watch else _run(_status_data, str, args))
 
     follow = (
         "follow the changes of a dataflow (its view or its index), a source or a view: the contents at "

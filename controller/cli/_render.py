@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from controller._api import DataflowStatusView, DataflowView, EventView, InstanceView, LeadershipView, ReplicaView, SourceView
+from controller._api import DataflowStatusView, DataflowView, EventView, HandoverView, InstanceView, LeadershipView, ReplicaView, SourceView
 from controller.client import QueryResult
 
 # --- Tables ----------------------------------------------------------------------------
@@ -247,6 +247,22 @@ def _status(views: list[InstanceView]) -> str:
     return "\n\n".join(blocks)
 
 
+def _status_report(client: Any, instance: str | None) -> str:
+    """`tandem status` as text: who leads, then `_status` of the instances."""
+    return _lead_line(client.leadership()) + "\n\n" + _status(client.status(instance))
+
+
+def _lead_line(view: LeadershipView) -> str:
+    """The controllers in a line: the leader, its epoch and lease, and the standbys."""
+    if view.leader is None or view.lease_remaining_ms is None:
+        lead = f"controller epoch {view.epoch}, no lease held"
+    else:
+        lease = view.lease_remaining_ms
+        lead = f"controller {view.leader.address} leads at epoch {view.epoch} (lease {f'lapsed {-lease} ms ago' if lease < 0 else f'{lease} ms left'})"
+    standbys = ", ".join(f"{s.address} (heard {s.heard_ms_ago} ms ago)" for s in view.standbys) or "none"
+    return f"{lead}; standbys: {standbys}"
+
+
 def _events(events: list[EventView]) -> str:
     return format_table(["TIME", "INSTANCE", "KIND", "REPLICA", "MESSAGE"], [_event_row(e) for e in events])
 
@@ -262,6 +278,10 @@ def _leadership(view: LeadershipView) -> str:
     controllers = [c for c in (view.leader, *view.standbys) if c is not None]
     table = format_table(["ROLE", "ADDRESS", "HOST", "PID", "HEARD_MS_AGO"], [[c.role, c.address, c.host, c.pid, c.heard_ms_ago] for c in controllers])
     return head + "\n" + table
+
+
+def _handover(view: HandoverView) -> str:
+    return f"handed the lead over from {view.previous} to {view.leader} (epoch {view.epoch}); new calls waited {view.unavailable_ms} ms"
 
 
 def _event_row(event: EventView) -> list[Any]:
