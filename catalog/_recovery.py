@@ -4,6 +4,15 @@ DESIGN section 6: `CreateInstance`, the merged configuration, every live dataflo
 `as_of` = its recorded since, their `Schedule`s, then `InitializationComplete`. The result
 is already in reduced form (`history.reduce_commands` leaves it unchanged).
 
+One refinement: a dataflow that imports storage only comes back at the meet of its
+since and the holds it keeps on its inputs, when those are lower. The controller holds
+the inputs at each replica's last computed time, so that a lagging replica can catch up;
+coming back at the since, past a lagging replica's frontier, made every controller
+restart or takeover rebuild that replica's dataflow from scratch (reconciliation keeps a
+dataflow only if it has computed every time before the new as_of). The controller then
+allows compaction to the since again (`ComputeInstance.create_dataflow`'s `sinces`), so
+no read below it is served.
+
 The recorded since of an index is its collection's since. A materialized view's is the
 hold its dataflow keeps on it (`sink_holder`), when there is one: the view's storage
 since may lag it, held lower by its readers or the controller's retention hold, and the
@@ -95,15 +104,23 @@ def recover_history(session: Session, instance: str) -> list[ComputeCommand]:
     ):
         if views[holder] == id:
             sinces[id] = frontier_from_db(frontier)
+    inputs = {df.id: dataflow_holder(instance, df.export_ids[0]) for df in dataflows if all(i.kind != "index" for i in df.imports)}
+    input_holds: dict[str, Frontier] = {}
+    for holder, frontier in session.execute(
+        select(ReadHold.holder, ReadHold.frontier).where(ReadHold.holder.in_(list(inputs.values())))
+    ):
+        input_holds[holder] = input_holds.get(holder, Frontier.empty()).meet(frontier_from_db(frontier))
     commands: list[ComputeCommand] = [CreateInstance(info.config)]
     if info.parameters != ComputeParameters():
         commands.append(UpdateConfiguration(info.parameters))
     live: list[DataflowInfo] = []
     for df in dataflows:
         since = meet_all(sinces.get(e, Frontier.empty()) for e in df.export_ids)
-        as_of = df.as_of.join(since)
-        if as_of.is_empty:  # every export compacted away: the dataflow is gone
+        if since.is_empty:  # every export compacted away: the dataflow is gone
             continue
+        # A replica lagging behind the since is kept by the new controller only if the
+        # dataflow comes back no later than where that replica stands: its input holds.
+        as_of = df.as_of.join(since.meet(input_holds.get(inputs.get(df.id, ""), since)))
         live.append(df)
         commands.append(CreateDataflow(df.description(as_of)))
     commands.extend(Schedule(df.export_ids[0]) for df in live)

@@ -328,6 +328,9 @@ class DataflowState:
     export_ids: tuple[str, ...]  # desc.export_ids, computed once: holds are recomputed often
     scheduled: bool = False
     input_holds: dict[str, Frontier] = field(default_factory=dict)  # import id -> hold
+    # Recovered: its input holds stay where the catalog had them (where its slowest
+    # replica stood) until every replica reported it, or until this time.
+    replicas_awaited_until_ms: int | None = None
 
 
 @dataclass(slots=True)
@@ -903,6 +906,8 @@ class ComputeInstance(InstanceHealth):
             raise InstanceError("ALREADY_EXISTS", f"a dataflow named {desc.name!r} already exists in instance {self.config.name!r}")
         key = desc.export_ids[0]
         dataflow = DataflowState(desc, compaction_window_ms, desc.export_ids)
+        if sinces is not None:
+            dataflow.replicas_awaited_until_ms = self.now_ms + self.options.replica_timeout_ms
         self.dataflows[key] = dataflow
         self.names[desc.name] = key
         for id in desc.export_ids:
@@ -1271,7 +1276,17 @@ class ComputeInstance(InstanceHealth):
         holds them at the last time it computed (its write frontier less one), so a
         replica that lags can still read what it needs: an incremental step at t after
         t' reads its inputs as of t' too (a join's other sides as they were). An index
-        input whose hold moved is marked in `dirty_collections`."""
+        input whose hold moved is marked in `dirty_collections`.
+
+        A recovered dataflow's holds wait for its replicas (`replicas_awaited_until_ms`):
+        they join the new controller one by one, and a replica that lagged behind the
+        since must find its inputs still readable where it stands, not moved up to the
+        since (or to a faster replica's frontier) before it reported."""
+        if dataflow.replicas_awaited_until_ms is not None:
+            reported = all(any(id in r.frontiers for id in dataflow.export_ids) for r in self.replicas.values())
+            if self.now_ms < dataflow.replicas_awaited_until_ms and not (self.replicas and reported):
+                return []
+            dataflow.replicas_awaited_until_ms = None
         hold = meet_all(self.collections[id].compaction_allowed for id in dataflow.export_ids)
         for replica in self.replicas.values():
             for id in dataflow.export_ids:

@@ -59,6 +59,7 @@ from history import (
     ComputeParameters,
     ComputeResponse,
     CreateDataflow,
+    DataflowDescription,
     CreateInstance,
     DataflowStatus,
     Frontier,
@@ -375,20 +376,16 @@ class Replica(DataflowSteps, Subscriptions):
         kept: dict[str, Dataflow] = {}
         for id, desc in wanted.items():
             old = self.dataflows.get(id)
-            if (
-                old is not None
-                and old.error is None
-                and old.needs_new_session is None
-                and old.desc.same_definition(desc)
-                and old.desc.as_of <= desc.as_of
-                and desc.as_of <= old.frontier
-                and all(a.since <= desc.as_of.join(allowed.get(a.id, desc.as_of)) for a in old.arrangements.values())
-                and all(i.id in self.collections and self.collections[i.id].id in kept for i in desc.imports if i.kind == "index")
-            ):
+            if old is None:
+                continue
+            why_not = _why_not_kept(old, desc, allowed, kept, self.collections, lambda id: self.storage.catalog.get_collection(id).since)
+            if why_not is None:
                 old.desc = desc
                 for arrangement in old.arrangements.values():
                     arrangement.compact(desc.as_of)
                 kept[id] = old
+            else:
+                log.info("reconciliation builds dataflow %s again: %s", desc.name, why_not)
         for id in list(self.dataflows):
             if id not in kept:
                 self._drop_dataflow(self.dataflows[id], report=False)
@@ -734,3 +731,46 @@ _HANDLERS: dict[type, Callable[[Replica, Any], None]] = {
     Subscribe: Replica._subscribe,
     CancelSubscribe: Replica._cancel_subscribe,
 }
+
+
+def _why_not_kept(
+    old: Dataflow,
+    desc: DataflowDescription,
+    allowed: Mapping[str, Frontier],
+    kept: Mapping[str, Dataflow],
+    collections: Mapping[str, Any],
+    storage_since: Callable[[str], Frontier],
+) -> str | None:
+    """Why reconciliation cannot keep running dataflow `old` for the replayed `desc`
+    (see `_reconcile`), or None when it can."""
+    if old.error is not None:
+        return f"it failed: {old.error}"
+    if old.needs_new_session is not None:
+        return f"it asked for a new session: {old.needs_new_session}"
+    if not old.desc.same_definition(desc):
+        return "its definition changed"
+    if not old.desc.as_of <= desc.as_of:
+        return f"its as_of {old.desc.as_of} is beyond the replayed {desc.as_of}"
+    if not desc.as_of <= old.frontier and not _catches_up(old, storage_since):
+        return (
+            f"it has computed the times before {old.frontier} only, not all before the replayed as_of {desc.as_of}, "
+            "and its inputs are compacted past them"
+        )
+    for a in old.arrangements.values():
+        if not a.since <= desc.as_of.join(allowed.get(a.id, desc.as_of)):
+            return f"export {a.id} is compacted to {a.since}, past what the replay allows"
+    for i in desc.imports:
+        if i.kind == "index" and not (i.id in collections and collections[i.id].id in kept):
+            return f"the index {i.name} it imports is not kept"
+    return None
+
+
+def _catches_up(old: Dataflow, storage_since: Callable[[str], Frontier]) -> bool:
+    """Whether dataflow `old`, lagging behind a replayed as_of, can go on from its own
+    frontier: it reads storage only, and every input is still readable at the last time
+    it computed (the controller holds a dataflow's inputs at each replica's last
+    computed time, and a recovered history comes back no later: `catalog/_recovery.py`).
+    It then computes every time it missed, as a lagging replica always does; only moving
+    its frontier up to the as_of would skip the changes in between."""
+    last = old.frontier.step_back(1)
+    return all(i.kind != "index" for i in old.desc.imports) and all(storage_since(i.id) <= last for i in old.desc.imports)

@@ -9,6 +9,7 @@ from catalog import (
     Catalog,
     DataflowInfo,
     NotFound,
+    dataflow_holder,
     dependency_order,
     sink_holder,
 )
@@ -57,6 +58,20 @@ def test_dependency_order_is_topological_not_by_id() -> None:
         dataflow("u3", ["u4"], []),
     ]
     assert [d.id for d in dependency_order(flows)] == ["u3", "u10", "u20", "u9"]
+
+
+def test_a_dataflow_of_storage_comes_back_where_its_inputs_are_held_so_a_lagging_replica_is_kept(controller: Catalog) -> None:
+    """Its since moved past a replica that lags (the fastest one's frontier sets it); the
+    controller holds the inputs at the slowest one's, and recovery comes back there."""
+    controller.create_instance("main")
+    orders = controller.create_source("orders", SCHEMA)
+    df = controller.create_dataflow(
+        "main", "d", sql="SELECT * FROM o", imports=[Import("o", orders.id)], schema=SCHEMA, as_of=Frontier(3), index_key=["id"]
+    )
+    controller.record_frontiers(df.index_id, since=Frontier(9), upper=Frontier(12))
+    controller.downgrade_read_hold(orders.id, dataflow_holder("main", df.export_ids[0]), Frontier(5))
+    (create,) = [c for c in controller.recover_history("main") if isinstance(c, CreateDataflow)]
+    assert create.desc.as_of == Frontier(5)
 
 
 def test_dependency_order_refuses_a_cycle() -> None:
@@ -121,11 +136,13 @@ def test_recover_history_rebuilds_the_instance(controller: Catalog) -> None:
     controller.record_frontiers(chain[0].index_id, since=Frontier(8), upper=Frontier(12))
     controller.acquire_read_hold(chain[0].sink_id, "controller", Frontier(6))
     controller.record_frontiers(chain[5].index_id, since=Frontier(9))
+    # d0 holds its input where its slowest replica stands (the controller moves it).
+    controller.downgrade_read_hold(orders.id, dataflow_holder("main", chain[0].export_ids[0]), Frontier(7))
 
     history = controller.recover_history("main")
 
     expected_as_of = {d.id: Frontier(3) for d in chain}
-    expected_as_of[chain[0].id] = Frontier(6)  # meet of index (8) and view (6)
+    expected_as_of[chain[0].id] = Frontier(6)  # meet of index (8) and view (6); its input held at 7
     expected_as_of[chain[5].id] = Frontier(9)
     conf = {**DETERMINISTIC_SPARK_CONF, "spark.sql.shuffle.partitions": "2"}
     assert history[0] == CreateInstance(InstanceConfig.of("main", conf))

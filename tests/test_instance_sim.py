@@ -875,6 +875,26 @@ def test_recovery_keeps_each_exports_since():
     assert recovered.collections["u3"].since == Frontier(99)
 
 
+def test_a_recovered_dataflow_holds_its_inputs_where_the_catalog_had_them_until_its_replicas_report():
+    """The controller holds a dataflow's inputs where its slowest replica stands, while
+    its since follows the fastest. Recovered at the meet of the two, the dataflow's
+    holds moved up to the since at once (no replica had connected yet): a replica that
+    lagged then found its inputs compacted past it, and was rebuilt. They wait for
+    every replica's first report, or for `replica_timeout_ms`."""
+    recovered = new_instance(replica_timeout_ms=10_000)
+    recovered.create_dataflow(dataflow("u2", as_of=40), sinces={"u2": Frontier(99)})  # inputs held at 40
+    connect(recovered, "fast")
+    connect(recovered, "slow")
+
+    assert storage_holds(report(recovered, "fast", "u2", 120) + recovered.maintain()) == []  # the slow one has not reported
+    assert storage_holds(report(recovered, "slow", "u2", 45)) == [Frontier(44)]  # where the slow one stands
+
+    alone = new_instance(replica_timeout_ms=10_000)
+    alone.create_dataflow(dataflow("u2", as_of=40), sinces={"u2": Frontier(99)})
+    assert storage_holds(alone.tick(5_000)) == []
+    assert storage_holds(alone.tick(10_001)) == [Frontier(99)]  # no replica came
+
+
 # --- Random runs --------------------------------------------------------------------------
 
 

@@ -4,6 +4,7 @@ Arrow side of index changes, and the checks of a `spark://` master before Spark 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import socket
 from types import SimpleNamespace
@@ -295,3 +296,28 @@ def test_a_hydration_rehearses_only_when_no_change_came_during_it(tmp_path):
     finally:
         for pool in (replica._step_pool, replica._light_step_pool, replica._peek_pool, replica._io_pool):
             pool.shutdown(wait=False)
+
+
+def test_reconciliation_keeps_a_lagging_dataflow_of_storage_while_its_inputs_are_readable_where_it_stands():
+    """A replica behind the replayed as_of (its since followed a faster replica) goes on
+    from its own frontier when every input is storage still readable at the last time it
+    computed; otherwise, or reading an index, it is built again."""
+    from replica_service._dataflow import Dataflow
+    from replica_service._replica import _why_not_kept
+
+    def dataflow(imports: tuple, frontier: int) -> Dataflow:
+        desc = h.DataflowDescription("d", "select * from s", imports, (h.IndexExport("u2", ("id",)),), as_of=h.Frontier(3))
+        old = Dataflow(desc, {}, {}, {})
+        old.frontier = h.Frontier(frontier)
+        return old
+
+    storage = (h.Import("s", "u1"),)
+    replayed = dataclasses.replace(dataflow(storage, 0).desc, as_of=h.Frontier(9))
+    sinces = {"u1": h.Frontier(6)}
+    assert _why_not_kept(dataflow(storage, 7), replayed, {}, {}, {}, sinces.__getitem__) is None  # computed 6: readable
+    assert _why_not_kept(dataflow(storage, 10), replayed, {}, {}, {}, sinces.__getitem__) is None  # not lagging
+    lagging = _why_not_kept(dataflow(storage, 6), replayed, {}, {}, {}, sinces.__getitem__)
+    assert lagging == "it has computed the times before Frontier([6]) only, not all before the replayed as_of Frontier([9]), and its inputs are compacted past them"
+    index = (h.Import("up", "u0", "index"),)
+    indexed = dataclasses.replace(replayed, imports=index)
+    assert "not all before the replayed as_of" in _why_not_kept(dataflow(index, 7), indexed, {}, {}, {}, sinces.__getitem__)
