@@ -418,11 +418,10 @@ async def hand_over(
         await tell(target.address, epoch)
         phases.append(("the successor's takeover", monotonic()))
     except Exception as error:
-        raise ControllerError(
-            "UNAVAILABLE",
-            f"handed the lead to {target.address} as epoch {epoch}, which did not say it serves ({error}); "
-            "it, or another standby once its lease lapses, takes over",
-        ) from None
+        # Not UNAVAILABLE: the lead did move, and a client must not send this call on.
+        why = f"handed the lead to {target.address} as epoch {epoch}, which did not say it serves ({error!r})"
+        log.warning("%s", why)
+        raise ControllerError("DEADLINE_EXCEEDED", f"{why}; it, or another standby once its lease lapses, takes over") from None
     finally:
         front.release()
     took_ms = int(1000 * (monotonic() - held))

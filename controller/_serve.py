@@ -136,7 +136,7 @@ async def serve(
 
     front.refusal = "this controller is taking the lead"
     keeping = asyncio.ensure_future(keep_lease(controller.catalog, me, clock, lose, controller.learn_fenced))
-    await controller.lead("" if cause == "started" else cause)
+    await controller.lead("" if cause == "started" else cause, found)
     if not lost:  # else it lost the lead while recovering: it serves nothing
         front.serve(controller, clock)
         front.hand_over = hand_over_to

@@ -125,6 +125,7 @@ class Controller:
         self.security = security  # how replicas are reached (and managed ones secured)
         self._epoch = 0
         self._lead_cause = ""  # why this controller took the lead, for its take-over events
+        self._lead_found: float | None = None  # when it found it could (monotonic)
         self.ingest = GroupCommit(lambda appends, keys: self.storage.append_group(appends, keys))  # appends, and the advancer's ticks
         self._source_ids: dict[str, str] = {}  # appends' sources by name: only this leader drops one
         self._tasks: list[asyncio.Task] = []  # the background tasks, cancelled by stop()
@@ -186,21 +187,28 @@ class Controller:
         orchestrator = Orchestrator(catalog, url, storage.blob_uri, data_dir, security.argv())
         return cls(catalog, url, storage, planner, orchestrator, upkeep, security)
 
-    async def lead(self, cause: str = "") -> None:
+    async def lead(self, cause: str = "", found: float | None = None) -> None:
         """Drive every instance from the catalog, whose epoch this controller now holds
-        (`Catalog.become_controller` or `take_lead`, for `cause`): recover the
-        histories, reconcile the live replicas, resume upkeep and any resize left
-        halfway."""
+        (`Catalog.become_controller` or `take_lead`, for `cause`, found possible at
+        monotonic time `found`): recover the histories, reconcile the live replicas,
+        resume upkeep and any resize left halfway."""
         self._epoch = self.catalog.epoch
-        self._lead_cause = cause
+        self._lead_cause, self._lead_found = cause, found
         log.info("controller epoch %d on %s; batch files at %s", self._epoch, self.catalog_url, self.storage.blob_uri)
+        started = time.monotonic()
         await self._recover()
+        recovered = time.monotonic()
         # What a dropped instance or a dead controller left holds its collections back
         # until removed: compaction resumes from this controller's first pass.
         await self._note_orphans(await _blocking(self.upkeep.remove_orphans))
+        orphans = time.monotonic()
         self._start_tasks()
         # A resize a dead predecessor left halfway is finished or rolled back now.
         self._tasks.extend(await _reconfigure.resume(self))
+        log.info(
+            "leading: recovery %.0f ms, orphaned holds %.0f ms, resizes %.0f ms",
+            *(1000 * (b - a) for a, b in ((started, recovered), (recovered, orphans), (orphans, time.monotonic()))),
+        )
 
     def _start_tasks(self) -> None:
         loop = asyncio.get_running_loop()
@@ -274,7 +282,8 @@ class Controller:
                 await driver.call(lambda instance, name=replica.name, n=max(1, replica.incarnation): instance.add_replica(name, n))
             took_over = f"controller epoch {self._epoch} recovered the instance: {len(commands)} commands, {len(replicas)} replicas"
             if self._lead_cause:
-                took_over += f" (it took the lead: {self._lead_cause})"
+                took_over += f" (it took the lead: {self._lead_cause}"
+                took_over += f"; {1000 * (time.monotonic() - self._lead_found):.0f} ms after it found it could)" if self._lead_found else ")"
             await driver.call(lambda instance: instance.note("took_over", took_over))
             log.info("recovered instance %s: %d commands", info.name, len(commands))
 

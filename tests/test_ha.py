@@ -240,7 +240,7 @@ def test_a_handover_moves_the_lead_to_the_named_standby_and_calls_wait_rather_th
         expected = client.peek("main", "totals", timestamp=last).rows
         assert {key: diff for key, diff in contents.items() if diff} == {(row["n"], row["total"]): 1 for row in expected}
         took_over = [e.message for e in client.events("main") if e.kind == "took_over"]
-        assert "handed the lead over to it" in took_over[-1]
+        assert "handed the lead over to it" in took_over[-1] and "ms after it found it could" in took_over[-1]
         assert client.status("main")[0].replicas[0].dataflows_kept >= 1  # reconciled, not rebuilt
         assert client.leadership().leader.address == second.address
         client.close()
