@@ -83,7 +83,15 @@ class Proxy:
         except OSError:
             pass
         finally:
+            # A shutdown, not only a close: the other direction's thread is blocked in
+            # recv on one of these, which keeps a closed socket open (no FIN), and a
+            # killed controller's catalog session then lived on, holding its locks
+            # until PostgreSQL's idle-in-transaction timeout (5 s).
             for end in (source, sink):
+                try:
+                    end.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
                 end.close()
 
     def cut(self) -> None:
