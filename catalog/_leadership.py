@@ -6,8 +6,9 @@ Rules:
   standby are serialized: a standby's `seen_renewal` is exact, and a renewal counts
   every standby registered before it.
 - `take_lead` bumps the epoch and names the new leader in one update, when `decide`
-  (called with the state under the lock) gives a cause; the epoch is the fence, as it
-  was: every write of an older leader fails from then on.
+  (called with the state under the lock) gives a cause (a standby a handover named
+  adopts the epoch the handover bumped); the epoch is the fence, as it was: every write
+  of an older leader fails from then on.
 - The lease's clock is the catalog's (`now_ms`): the wall clock of whoever writes.
 Functions neither commit nor roll back.
 """
@@ -87,9 +88,9 @@ class ControllerSpec:
 def take_lead(
     session: Session, me: ControllerSpec, lease_ms: int, now_ms: int, decide: Callable[[Leadership], str | None]
 ) -> tuple[int, str] | None:
-    """Lead, if `decide` gives a cause under the lock: bump the epoch, name `me` the
-    leader with a lease until `now_ms + lease_ms`; (the new epoch, the cause). None:
-    `decide` said no, nothing changed."""
+    """Lead, if `decide` gives a cause under the lock: bump the epoch (unless a
+    handover named `me` already, and bumped it), name `me` the leader with a lease until
+    `now_ms + lease_ms`; (the epoch, the cause). None: `decide` said no, nothing changed."""
     row = _locked(session)
     cause = decide(_leadership(session, row))
     if cause is None:

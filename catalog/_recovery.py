@@ -7,11 +7,12 @@ is already in reduced form (`history.reduce_commands` leaves it unchanged).
 One refinement: a dataflow that imports storage only comes back at the meet of its
 since and the holds it keeps on its inputs, when those are lower. The controller holds
 the inputs at each replica's last computed time, so that a lagging replica can catch up;
-coming back at the since, past a lagging replica's frontier, made every controller
-restart or takeover rebuild that replica's dataflow from scratch (reconciliation keeps a
-dataflow only if it has computed every time before the new as_of). The controller then
-allows compaction to the since again (`ComputeInstance.create_dataflow`'s `sinces`), so
-no read below it is served.
+coming back at the since moved those holds up past a lagging replica, whose dataflow
+every controller restart or takeover then rebuilt from scratch. Held there (until the
+replicas report: `ComputeInstance`), a lagging replica keeps its dataflow and catches up
+(`replica_service._replica._catches_up`). The controller then allows compaction to the
+since again (`ComputeInstance.create_dataflow`'s `sinces`), so no read below it is
+served.
 
 The recorded since of an index is its collection's since. A materialized view's is the
 hold its dataflow keeps on it (`sink_holder`), when there is one: the view's storage

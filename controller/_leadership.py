@@ -49,9 +49,8 @@ from dataclasses import dataclass, field
 from time import monotonic
 from typing import Any
 
-from catalog import Catalog, ControllerInfo, ControllerSpec, Fenced, Leadership
+from catalog import Catalog, ControllerInfo, ControllerSpec, FailedPrecondition, Fenced, Leadership
 from controller._api import ControllerError, ControllerView, HandoverView, LeadershipView
-from controller._blocking import blocking
 from controller._orchestrator import pid_alive, proc_stat, process_start
 
 log = logging.getLogger(__name__)
@@ -169,8 +168,8 @@ class LeaseClock:
 class Front:
     """What the gRPC server serves: the leader's controller once this process leads,
     until it stops serving (its lease clock says so, it lost the epoch, or it handed the
-    lead over); before and after, every call but `GetVersion` and `GetLeadership` is
-    UNAVAILABLE naming the leader, which a client follows (`NotLeader`). While this
+    lead over); before and after, every call but `GetVersion`, `GetLeadership` and
+    `TakeLead` is UNAVAILABLE naming the leader, which a client follows (`NotLeader`). While this
     controller hands the lead over or takes it (`hold`), new calls wait for the outcome
     rather than fail."""
 
@@ -182,6 +181,8 @@ class Front:
         self.leader_address: str | None = None
         self.refusal = "this controller is a standby"
         self.standby: Standby | None = None  # while it stands by
+        self.successor: str | None = None  # the address it handed the lead over to
+        self._handing = False  # a handover is under way
         self.hand_over: Callable[[str | None], Awaitable[HandoverView]] | None = None  # while it leads
         self.serving_started = asyncio.Event()
         self._open = asyncio.Event()
@@ -199,8 +200,8 @@ class Front:
 
     @property
     def handed_over(self) -> bool:
-        """Whether this controller handed the lead over (its successor took it)."""
-        return self.refusal == HANDED_OVER
+        """Whether this controller handed the lead over (the catalog names its successor)."""
+        return self.successor is not None
 
     async def leadership(self) -> LeadershipView:
         """Answered whether this controller leads or not: where a client asks who does."""
@@ -209,9 +210,13 @@ class Front:
     async def handover(self, to: str | None = None) -> HandoverView:
         if not self._serving() or self.hand_over is None:
             raise NotLeader(self.refusal, self.leader_address)
-        if not self._open.is_set():
+        if self._handing:
             raise ControllerError("FAILED_PRECONDITION", "a handover is already under way")
-        return await self.hand_over(to)
+        self._handing = True  # before any await: a second handover is refused, not raced
+        try:
+            return await self.hand_over(to)
+        finally:
+            self._handing = self.successor is not None
 
     async def take_lead(self, epoch: int) -> LeadershipView:
         """A standby's answer to the leader handing it the lead: poll now, and answer
@@ -300,6 +305,7 @@ class Standby:
         and the monotonic time it first found it could."""
         busy_ms = self.options.renew_ms
         while True:
+            self.woken.clear()  # before the poll: a wake-up during it is not lost
             try:
                 state = await asyncio.to_thread(self.catalog.register_standby, self.me, busy_ms=busy_ms)
                 self.front.leader_address = state.leader.address if state.leader is not None else None
@@ -316,7 +322,6 @@ class Standby:
                 await asyncio.wait_for(self.woken.wait(), self.options.poll_s)
             except TimeoutError:
                 pass
-            self.woken.clear()
 
     def kill_hung_leader(self) -> None:
         """Kill the leader's process if it is on this host, alive, and its lapsed lease
@@ -406,11 +411,15 @@ async def hand_over(
     try:
         unfinished = await front.drained(DRAIN_S)
         phases.append((f"draining ({unfinished} calls left)", monotonic()))
-        epoch = await blocking(controller.catalog.hand_over, me.id, target.id, lease.lease_ms)
+        epoch = await asyncio.to_thread(controller.catalog.hand_over, me.id, target.id, lease.lease_ms)
         phases.append(("the catalog's update", monotonic()))
+    except FailedPrecondition as error:  # fenced too; not UNAVAILABLE: a client would send it on to the new leader
+        front.release()
+        raise ControllerError("FAILED_PRECONDITION", f"the lead stays where the catalog has it: {error}") from None
     except BaseException:
         front.release()
         raise
+    front.successor = target.address
     front.stop_serving(HANDED_OVER, target.address)
     try:
         await controller.stop_driving(NotLeader(HANDED_OVER, target.address))

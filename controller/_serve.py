@@ -156,6 +156,7 @@ async def serve(
     fenced = asyncio.ensure_future(controller.fenced_event.wait())
     fenced.add_done_callback(lambda _: stopping.set())
     await stopping.wait()
+    front.hand_over = None  # no handover starts from here on; one under way ends first
     fenced.cancel()
     keeping.cancel()
     if handovers:  # one under way ends first: its successor must be serving

@@ -482,11 +482,14 @@ class Client:
             try:
                 for message in stream:
                     batch = SubscribeBatch(ipc_to_table(message.arrow_ipc), codec.optional_field(message, "progress"))
+                    gives_up = None  # a stream answers: a later failover has its own `failover` seconds
                     if batch.progress is not None:
-                        request.as_of, request.snapshot, delivered, gives_up = batch.progress, False, False, None
+                        request.as_of, request.snapshot, delivered = batch.progress, False, False
                     else:
                         delivered = delivered or batch.updates.num_rows > 0
                     yield batch
+                    if batch.progress is not None and up_to is not None and batch.progress >= up_to - 1:
+                        return  # complete: a cut now has nothing left to resume
                 return
             except grpc.RpcError as error:
                 gives_up = gives_up or monotonic() + self._failover

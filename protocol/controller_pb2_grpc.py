@@ -175,7 +175,9 @@ class ControllerServicer:
         """Move the lead to a standby on purpose (an upgrade): the leader holds new calls, lets
         those in flight finish, hands the epoch over, and answers once the standby serves;
         the held calls are then refused naming the new leader. NOT_FOUND for no standby at
-        `to`, FAILED_PRECONDITION with no standby.
+        `to`, FAILED_PRECONDITION with no standby (or one not heard from within a lease, a
+        handover under way, another controller taking the lead meanwhile),
+        DEADLINE_EXCEEDED when the lead moved but the standby did not say it serves.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -364,8 +364,8 @@ class Replica(DataflowSteps, Subscriptions):
         A dataflow is kept when its definition is identical, it can serve every read the
         replay allows (its old `as_of` is not beyond the new one, nor any arrangement's
         since beyond the new as_of or that export's replayed `AllowCompaction`), it has
-        computed every time before the new `as_of` (a lagging one would have to read its
-        inputs below the new as_of, where nothing holds them any more: jumping its
+        computed every time before the new `as_of` or can still compute them
+        (`_catches_up`: it reads storage only, still readable where it stands; jumping its
         frontier instead would skip their changes for good), it has not failed (nor asked
         for a new session), and every index it imports is kept too (the history lists
         dataflows in dependency order).
@@ -380,7 +380,9 @@ class Replica(DataflowSteps, Subscriptions):
                 continue
             why_not = _why_not_kept(old, desc, allowed, kept, self.collections, lambda id: self.storage.catalog.get_collection(id).since)
             if why_not is None:
-                old.desc = desc
+                # A lagging one keeps its own as_of: its frontier must say what it has
+                # computed (`_advance` joins it with the as_of), not jump to the replay's.
+                old.desc = desc if desc.as_of <= old.frontier else desc.with_as_of(old.desc.as_of)
                 for arrangement in old.arrangements.values():
                     arrangement.compact(desc.as_of)
                 kept[id] = old
@@ -773,4 +775,10 @@ def _catches_up(old: Dataflow, storage_since: Callable[[str], Frontier]) -> bool
     It then computes every time it missed, as a lagging replica always does; only moving
     its frontier up to the as_of would skip the changes in between."""
     last = old.frontier.step_back(1)
-    return all(i.kind != "index" for i in old.desc.imports) and all(storage_since(i.id) <= last for i in old.desc.imports)
+    if any(i.kind == "index" for i in old.desc.imports):
+        return False
+    try:
+        return all(storage_since(i.id) <= last for i in old.desc.imports)
+    except Exception as error:  # the catalog is out of reach for a moment: build it again
+        log.warning("reconciliation could not read the sinces of %s's inputs: %s", old.desc.name, error)
+        return False

@@ -366,3 +366,48 @@ def test_a_handover_goes_to_a_standby_heard_from_within_a_lease():
     with pytest.raises(ControllerError, match="no standby to hand the lead over to") as failed:
         successor(Leadership(3, None, None, 5, ()), None, 10_000, 5_000)
     assert failed.value.code == "FAILED_PRECONDITION"
+
+
+def test_a_front_holds_new_calls_through_a_handover_refuses_a_second_and_then_names_the_successor(tmp_path):
+    """Calls that come while the lead is handed over wait, and are then refused naming
+    the successor; a second handover meanwhile is refused at once, not raced."""
+    from controller._leadership import NotLeader
+
+    async def run() -> None:
+        catalog = Catalog.open(f"sqlite:///{tmp_path / 'catalog.db'}")
+        front = Front(catalog, LEASE)
+        moved = asyncio.Event()
+
+        class Controller:
+            epoch = 3
+
+            async def list_sources(self):
+                return ["s"]
+
+        async def hand_over(to):
+            front.hold()
+            await moved.wait()
+            front.successor = "b:1"
+            front.stop_serving("handed over", "b:1")
+            front.release()
+            return "view"
+
+        front.serve(Controller(), LeaseClock(LEASE, renewed_at=0.0))
+        front.hand_over = hand_over
+        assert await front.list_sources() == ["s"]
+        first = asyncio.ensure_future(front.handover("b:1"))
+        await asyncio.sleep(0)
+        held = asyncio.ensure_future(front.list_sources())
+        with pytest.raises(ControllerError, match="already under way") as second:
+            await front.handover("b:1")
+        assert second.value.code == "FAILED_PRECONDITION"
+        await asyncio.sleep(0.05)
+        assert not held.done()  # it waits, it is not refused
+        moved.set()
+        assert await first == "view" and front.handed_over
+        with pytest.raises(NotLeader) as refused:
+            await held
+        assert refused.value.leader == "b:1" and refused.value.code == "UNAVAILABLE"
+        catalog.close()
+
+    asyncio.run(run())
