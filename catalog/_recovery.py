@@ -105,7 +105,7 @@ def recover_history(session: Session, instance: str) -> list[ComputeCommand]:
     ):
         if views[holder] == id:
             sinces[id] = frontier_from_db(frontier)
-    inputs = {df.id: dataflow_holder(instance, df.export_ids[0]) for df in dataflows if all(i.kind != "index" for i in df.imports)}
+    inputs = {df.id: dataflow_holder(instance, df.export_ids[0]) for df in dataflows if df.description().reads_storage_only}
     input_holds: dict[str, Frontier] = {}
     for holder, frontier in session.execute(
         select(ReadHold.holder, ReadHold.frontier).where(ReadHold.holder.in_(list(inputs.values())))

@@ -906,7 +906,7 @@ class ComputeInstance(InstanceHealth):
             raise InstanceError("ALREADY_EXISTS", f"a dataflow named {desc.name!r} already exists in instance {self.config.name!r}")
         key = desc.export_ids[0]
         dataflow = DataflowState(desc, compaction_window_ms, desc.export_ids)
-        if sinces is not None and all(i.kind != "index" for i in desc.imports):  # as `catalog._recovery` lowers it
+        if sinces is not None and desc.reads_storage_only:  # as `catalog._recovery` lowers it
             dataflow.replicas_awaited_until_ms = self.now_ms + self.options.replica_timeout_ms
         self.dataflows[key] = dataflow
         self.names[desc.name] = key

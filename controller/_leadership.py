@@ -216,7 +216,7 @@ class Front:
         try:
             return await self.hand_over(to)
         finally:
-            self._handing = self.successor is not None
+            self._handing = False  # after one that moved the lead, this front serves nothing
 
     async def take_lead(self, epoch: int) -> LeadershipView:
         """A standby's answer to the leader handing it the lead: poll now, and answer

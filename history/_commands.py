@@ -139,6 +139,12 @@ class DataflowDescription:
     def import_ids(self) -> tuple[str, ...]:
         return tuple(i.id for i in self.imports)
 
+    @property
+    def reads_storage_only(self) -> bool:
+        """No import is an index: every input is durable, held by storage read holds the
+        catalog records (a takeover can keep such a dataflow on a lagging replica)."""
+        return all(i.kind == "storage" for i in self.imports)
+
     def with_as_of(self, as_of: Frontier) -> DataflowDescription:
         return replace(self, as_of=as_of)
 

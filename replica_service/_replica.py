@@ -775,7 +775,7 @@ def _catches_up(old: Dataflow, storage_since: Callable[[str], Frontier]) -> bool
     It then computes every time it missed, as a lagging replica always does; only moving
     its frontier up to the as_of would skip the changes in between."""
     last = old.frontier.step_back(1)
-    if any(i.kind == "index" for i in old.desc.imports):
+    if not old.desc.reads_storage_only:
         return False
     try:
         return all(storage_since(i.id) <= last for i in old.desc.imports)
