@@ -12,7 +12,7 @@ threads given both addresses: one appends a row at a time (each under its own
 idempotency key, sent again after a failover), one makes strict peeks every 0.2 s.
 Faults, one after the other, each once the clients were served again and the faulted
 controller is back as a standby: `--kills` kill -9s of whichever controller leads, a
-SIGSTOP of the leader (continued after the standby took over), a cut of the leader's
+SIGSTOP of the leader (continued after the standby took over), a cut of the leader's own
 catalog connections (restored likewise), and `--handovers` planned handovers. Printed
 per fault: seconds from the fault until an append and a strict read were served again,
 and the calls that failed; per handover: how long new calls were held, and the longest
@@ -52,27 +52,30 @@ QUIET_S = 15  # calls without faults first: what a call costs when nothing fails
 
 
 class Proxy:
-    """A TCP forwarder to `target`; `cut()` closes every connection and refuses new
-    ones until `restore()`."""
+    """A TCP forwarder to `target`; `cut(pid)` closes the connections of process `pid`
+    and refuses its new ones until `restore()`. Only that process: the replicas a
+    controller spawned reach the catalog by its URL, through this proxy too, and a cut of
+    the leader must not cut them off (it did, and no strict read was served again)."""
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
         self.server = socket.create_server(("127.0.0.1", 0))
         self.port = self.server.getsockname()[1]
-        self.open: set[socket.socket] = set()
-        self.cut_off = False
+        self.open: dict[socket.socket, tuple[int | None, socket.socket]] = {}  # client -> (its pid, upstream)
+        self.cut_off: int | None = None
         self.lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
         while True:
-            client, _ = self.server.accept()
-            if self.cut_off:
+            client, (_, peer_port) = self.server.accept()
+            pid = _socket_owner(peer_port, self.port)
+            if pid is not None and pid == self.cut_off:
                 client.close()
                 continue
             upstream = socket.create_connection(self.target)
             with self.lock:
-                self.open |= {client, upstream}
+                self.open[client] = (pid, upstream)
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
@@ -94,18 +97,42 @@ class Proxy:
                     pass
                 end.close()
 
-    def cut(self) -> None:
-        self.cut_off = True
+    def cut(self, pid: int) -> None:
+        self.cut_off = pid
         with self.lock:
-            for connection in self.open:
-                try:
-                    connection.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-            self.open.clear()
+            for client, (owner, upstream) in list(self.open.items()):
+                if owner == pid:
+                    for connection in (client, upstream):
+                        try:
+                            connection.shutdown(socket.SHUT_RDWR)
+                        except OSError:
+                            pass
+                    del self.open[client]
 
     def restore(self) -> None:
-        self.cut_off = False
+        self.cut_off = None
+
+
+def _socket_owner(port: int, remote_port: int) -> int | None:
+    """The pid of the process on this host whose IPv4 TCP socket has local port `port`
+    and remote port `remote_port` (from /proc/net/tcp and /proc/*/fd), or None."""
+    inode = None
+    with open("/proc/net/tcp") as table:
+        for line in table.readlines()[1:]:
+            fields = line.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and int(fields[2].rsplit(":", 1)[1], 16) == remote_port:
+                inode = fields[9]
+                break
+    if inode is None:
+        return None
+    wanted = f"socket:[{inode}]"
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") == wanted for fd in os.listdir(f"/proc/{pid}/fd")):
+                return int(pid)
+        except OSError:  # gone, or not ours to read
+            continue
+    return None
 
 
 class Loops:
@@ -255,7 +282,7 @@ def _run(root: Path, url: str, kills: int, handovers: int) -> tuple[str, list[tu
                 elif fault == "SIGSTOP":
                     os.kill(processes[i].pid, signal.SIGSTOP)
                 else:
-                    proxies[i].cut()
+                    proxies[i].cut(processes[i].pid)
                 if not fault.startswith("handover"):
                     appends, reads = loops.back_after("append", at), loops.back_after("read", at)
                 if fault == "SIGSTOP":
