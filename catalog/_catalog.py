@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Self
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, bindparam, case, select, update
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -60,6 +60,9 @@ def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+PRUNE_APPEND_KEYS_EVERY_MS = 1_000
+
+
 class Catalog:
     """A connection to the catalog database. Thread-safe: every call runs its own
     transaction on a pooled connection.
@@ -74,6 +77,7 @@ class Catalog:
         self._reader = read_only(engine)
         self._now_ms = now_ms
         self._epoch: int | None = None
+        self._prune_keys_at_ms = 0  # when a group commit next forgets expired idempotency keys
 
     @classmethod
     def open(cls, url: str | URL, *, now_ms: Callable[[], int] = wall_clock_ms) -> Catalog:
@@ -149,9 +153,7 @@ class Catalog:
             session.close()
 
     def _check_epoch(self, session: Session) -> None:
-        current = session.scalars(
-            select(ControllerEpoch.epoch).where(ControllerEpoch.id == 1).with_for_update(read=True)
-        ).one()
+        current = session.connection().execute(_READ_EPOCH).scalar_one()  # Core: every write pays it
         if current != self._epoch:
             raise Fenced(
                 f"controller epoch {self._epoch} was superseded by epoch {current}: another "
@@ -237,12 +239,13 @@ class Catalog:
         before it is returned. Strictly increasing across calls, processes and
         restarts, and never behind this catalog's clock."""
         with self._write() as session:
-            row = session.scalars(
-                select(TimestampOracle).where(TimestampOracle.id == 1).with_for_update()
-            ).one()
-            ts = max(self._now_ms(), row.last_ts + 1)
-            row.last_ts = ts
-        return ts
+            return self._next_ts(session, self._now_ms())
+
+    @staticmethod
+    def _next_ts(session: Session, now_ms: int) -> int:
+        """Take the oracle's next write timestamp, `max(now_ms, last + 1)`, in
+        `session`'s transaction (its row locked until the transaction ends)."""
+        return session.connection().execute(_NEXT_TS, {"now": now_ms}).scalar_one()
 
     def read_ts(self) -> int:
         """The latest write timestamp handed out (0 before the first)."""
@@ -588,12 +591,14 @@ class Catalog:
         and the earlier keys."""
         keys = keys or {}
         with self._write() as session:
-            row = session.scalars(select(TimestampOracle).where(TimestampOracle.id == 1).with_for_update()).one()
             now_ms = self._now_ms()
-            ts = row.last_ts = max(now_ms, row.last_ts + 1)
-            earlier = _manifest.earlier_appends(session, keys, now_ms)
+            ts = self._next_ts(session, now_ms)
+            prune = now_ms >= self._prune_keys_at_ms
+            earlier = _manifest.earlier_appends(session, keys, now_ms, prune=prune)
             _manifest.append_group(session, write(ts, earlier.keys()), ts)
             _manifest.record_append_keys(session, {k: s for k, s in keys.items() if k not in earlier}, ts, now_ms)
+        if prune:
+            self._prune_keys_at_ms = now_ms + PRUNE_APPEND_KEYS_EVERY_MS
         return ts, earlier
 
     def advance_sources(self, upper: Frontier) -> list[str]:
@@ -670,3 +675,14 @@ class Catalog:
         """Remove retired-file rows once their files are deleted."""
         with self._write() as session:
             _manifest.forget_retired(session, paths)
+
+
+_ORACLE = TimestampOracle.__table__
+_NEXT_TS = (  # one statement, which locks the row (SQLite 3.35 and PostgreSQL return from an UPDATE)
+    update(_ORACLE)
+    .where(_ORACLE.c.id == 1)
+    .values(last_ts=case((_ORACLE.c.last_ts >= bindparam("now"), _ORACLE.c.last_ts + 1), else_=bindparam("now")))
+    .returning(_ORACLE.c.last_ts)
+)
+_EPOCH = ControllerEpoch.__table__
+_READ_EPOCH = select(_EPOCH.c.epoch).where(_EPOCH.c.id == 1).with_for_update(read=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Collection as Collection_
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import bindparam, delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from catalog._checks import check_frontier, check_text
@@ -46,10 +46,12 @@ from history import Frontier
 def storage_row(session: Session, id: str, *, lock: bool) -> Collection:
     row = collection_row(session, id, lock=lock)
     if row.namespace != STORAGE:
-        raise InvalidArgument(
-            f"{id} ({row.name}) is an index: it lives in replica memory, not in storage"
-        )
+        raise _not_in_storage(id, row.name)
     return row
+
+
+def _not_in_storage(id: str, name: str) -> InvalidArgument:
+    return InvalidArgument(f"{id} ({name}) is an index: it lives in replica memory, not in storage")
 
 
 def check_append_frontiers(id: str, expected_upper: Frontier, new_upper: Frontier) -> None:
@@ -113,59 +115,83 @@ def append_group(session: Session, batches: Mapping[str, NewBatch | None], ts: i
     """Record each source's batch of `batches` at `ts` (covering `[its upper, ts + 1)`)
     and move every live source's upper to `ts + 1` (`Catalog.append_group`). Sources
     are locked in id order, so two groups cannot deadlock; a source whose upper is past
-    `ts` (closed, or another writer's) refuses the group."""
+    `ts` (closed, or another writer's) refuses the group. Core statements on the
+    session's connection: this is the ingest's hot path, and the ORM's unit of work
+    cost three times the database's own time here (no ORM object is loaded, so none
+    goes stale)."""
+    connection = session.connection()
     upper = Frontier(ts + 1)
     for id in sorted(batches):
-        row = storage_row(session, id, lock=True)
-        current = frontier_from_db(row.upper)
-        if row.kind != "source":
-            raise InvalidArgument(f"{id} ({row.name}) is a materialized view; only sources take appends")
-        if current.is_empty or current.time > ts:
-            raise InvalidArgument(f"cannot append to {id} at {ts}: its upper is already {'closed' if current.is_empty else current.time}")
+        found = connection.execute(_LOCK_SOURCE, {"id": id}).one_or_none()
+        if found is None:
+            raise NotFound(f"collection {id!r} does not exist")
+        name, kind, dropped, current = found
+        if dropped:
+            raise NotFound(f"collection {id} ({name}) was dropped")
+        if kind == "index":
+            raise _not_in_storage(id, name)
+        if kind != "source":
+            raise InvalidArgument(f"{id} ({name}) is a materialized view; only sources take appends")
+        if current is None or current > ts:
+            raise InvalidArgument(f"cannot append to {id} at {ts}: its upper is already {'closed' if current is None else current}")
         batch = batches[id]
         if batch is not None:
-            session.execute(
-                insert(Batch).values(collection_id=id, lower=current.time, upper=upper.time, path=batch.path, rows=batch.rows, bytes=batch.bytes)
-            )
-        row.upper = upper.time
-    session.flush()
-    advance_sources(session, upper)
+            connection.execute(_BATCHES.insert(), {"collection_id": id, "lower": current, "upper": upper.time, "path": batch.path, "rows": batch.rows, "bytes": batch.bytes})
+    advance_sources(session, upper)  # the appended sources' uppers too
 
 
-def earlier_appends(session: Session, keys: Collection_[str], now_ms: int) -> dict[str, tuple[str, int]]:
+def earlier_appends(session: Session, keys: Collection_[str], now_ms: int, *, prune: bool) -> dict[str, tuple[str, int]]:
     """The source and timestamp of each of `keys` committed within the retention
-    (`AppendKey`), after forgetting the keys older than it."""
-    session.execute(delete(AppendKey).where(AppendKey.committed_ms < now_ms - APPEND_KEYS_RETAINED_MS))
+    (`AppendKey`). A key older than it is not earlier: it is forgotten, and with `prune`
+    so is every such key (a range delete, not worth one statement on every commit)."""
+    connection = session.connection()
+    retained_from = now_ms - APPEND_KEYS_RETAINED_MS
+    if prune:
+        connection.execute(delete(_KEYS).where(_KEYS.c.committed_ms < retained_from))
     if not keys:
         return {}
-    found = session.execute(select(AppendKey.key, AppendKey.collection_id, AppendKey.ts).where(AppendKey.key.in_(sorted(keys))))
-    return {key: (source, ts) for key, source, ts in found}
+    found = connection.execute(select(_KEYS.c.key, _KEYS.c.collection_id, _KEYS.c.ts, _KEYS.c.committed_ms).where(_KEYS.c.key.in_(sorted(keys)))).all()
+    expired = [key for key, _, _, committed_ms in found if committed_ms < retained_from]
+    if expired:  # given again after the retention: recorded anew
+        connection.execute(delete(_KEYS).where(_KEYS.c.key.in_(expired)))
+    return {key: (source, ts) for key, source, ts, committed_ms in found if committed_ms >= retained_from}
 
 
 def record_append_keys(session: Session, keys: Mapping[str, str], ts: int, now_ms: int) -> None:
     """Record each key of `keys` (to its source) as committed at `ts`."""
     if keys:
-        session.execute(insert(AppendKey), [{"key": key, "collection_id": source, "ts": ts, "committed_ms": now_ms} for key, source in keys.items()])
+        session.connection().execute(_KEYS.insert(), [{"key": key, "collection_id": source, "ts": ts, "committed_ms": now_ms} for key, source in keys.items()])
 
 
 def advance_sources(session: Session, upper: Frontier) -> list[str]:
     """Move the upper of every live, open source that lies below `upper` to it (each
     takes an empty change at the times between, as `append_batch` without a batch
     would) in one statement; the ids moved. Sources only: a materialized view's upper
-    is its writer's, the replicas'."""
+    is its writer's, the replicas'. A Core statement (see `append_group`): a
+    `Collection` already loaded in `session` keeps its old upper."""
     check_frontier("upper", upper, allow_empty=False)
-    moved = session.scalars(
-        update(Collection)
-        .where(
-            Collection.kind == "source",
-            Collection.dropped.is_(False),
-            Collection.upper.is_not(None),
-            Collection.upper < upper.time,
-        )
-        .values(upper=upper.time)
-        .returning(Collection.id)
-    ).all()
-    return sorted(moved)
+    return sorted(session.connection().execute(_ADVANCE_SOURCES, {"to": upper.time}).scalars())
+
+
+_COLLECTIONS = Collection.__table__
+_BATCHES = Batch.__table__
+_KEYS = AppendKey.__table__
+_LOCK_SOURCE = (
+    select(_COLLECTIONS.c.name, _COLLECTIONS.c.kind, _COLLECTIONS.c.dropped, _COLLECTIONS.c.upper)
+    .where(_COLLECTIONS.c.id == bindparam("id"))
+    .with_for_update()
+)
+_ADVANCE_SOURCES = (
+    update(_COLLECTIONS)
+    .where(
+        _COLLECTIONS.c.kind == "source",
+        _COLLECTIONS.c.dropped.is_(False),
+        _COLLECTIONS.c.upper.is_not(None),
+        _COLLECTIONS.c.upper < bindparam("to"),
+    )
+    .values(upper=bindparam("to"))
+    .returning(_COLLECTIONS.c.id)
+)
 
 
 def replace_batches(
