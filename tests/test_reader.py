@@ -340,6 +340,33 @@ def test_a_rehearsal_batch_retracts_rows_the_newest_batch_inserted_and_inserts_a
     source.reader.close()
 
 
+def test_a_change_over_many_small_batches_is_read_by_the_driver_with_the_bits_spark_reads(env, monkeypatch):
+    """A change spread over more than `DRIVER_READ_MIN_BATCHES` batches is read by the
+    replica's driver and handed to Spark as one relation (no file scan): the same
+    updates, bit for bit, in the same Spark schema, as Spark reading every file, for a
+    range cut inside the batches too. Fewer batches, or too many rows, Spark reads."""
+    session = env["session"]
+    source = Source(env)
+    start = source.append(session, [{"id": i, "k": "a", "x": float(i)} for i in range(5)])
+    values = [0.0, -0.0, float("nan"), 1.5, None, -2.25]
+    times = [source.append(session, [{"id": 100 + n, "k": None if n % 3 else "b", "x": values[n % len(values)]}], picks=[n]) for n in range(12)]
+
+    def read(after: int, through: int, *, driver: bool) -> tuple[list[tuple], str, str]:
+        if not driver:
+            monkeypatch.setattr(_reader, "DRIVER_READ_MAX_ROWS", 0)
+        frame = source.reader.updates(session, through, after=after)
+        monkeypatch.undo()
+        return bits(frame.toArrow()), frame.schema.simpleString(), frame._jdf.queryExecution().executedPlan().toString()
+
+    for after, through in ((start, times[-1]), (times[1], times[-2])):
+        driven, spark = read(after, through, driver=True), read(after, through, driver=False)
+        assert "FileScan" not in driven[2] and "LocalTableScan" in driven[2]
+        assert "FileScan parquet" in spark[2]
+        assert driven[:2] == spark[:2] and len(driven[0]) > 12
+    assert "FileScan parquet" in read(times[-5], times[-1], driver=True)[2]  # four batches
+    source.reader.close()
+
+
 def test_a_manifest_read_before_a_compaction_plans_reads_of_files_garbage_collection_deleted(env):
     """Why a replica reads an idle collection's manifest again (`MANIFEST_MAX_AGE_S`):
     compaction replaces its batches without moving its upper, and once the retired
