@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 from conftest import postgres_schema
+from sqlalchemy import select
 
 from catalog import Catalog, FailedPrecondition, NotFound
-from catalog._models import APPEND_KEYS_RETAINED_MS
+from catalog._models import APPEND_KEYS_RETAINED_MS, AppendKey
 from controller._ingest import GroupCommit
 from controller._process import ControllerProcess, kill_replicas
 from controller.client import Client, TandemError
@@ -63,6 +64,26 @@ def test_an_append_whose_key_was_committed_appends_nothing_and_gets_the_first_ti
     storage.catalog._now_ms = lambda: real_clock() + APPEND_KEYS_RETAINED_MS + 1_000
     later, earlier = storage.append_group([(a, storage.append_batch_of(a, _rows(1, 1, 2)))], ["k1"])
     assert earlier == {} and storage.read_snapshot(a, later).num_rows == 4
+
+
+def test_a_key_past_its_retention_is_a_new_append_before_the_prune_forgets_it(storage: Storage) -> None:
+    """Expired keys are pruned at most once a second (`PRUNE_APPEND_KEYS_EVERY_MS`), not
+    at every commit: until then a lookup skips them, and one given again is recorded
+    anew at the new time, while the others wait for the prune."""
+    a = storage.create_source("a", SCHEMA).id
+    storage.append_group([(a, storage.append_batch_of(a, _rows(1, 1, 1))), (a, storage.append_batch_of(a, _rows(1, 2, 1)))], ["k1", "k2"])
+    real_clock = storage.catalog._now_ms
+    storage.catalog._now_ms = lambda: real_clock() + APPEND_KEYS_RETAINED_MS + 1_000
+    storage.catalog._prune_keys_at_ms = real_clock() + 10 * APPEND_KEYS_RETAINED_MS  # not due
+    later, earlier = storage.append_group([(a, storage.append_batch_of(a, _rows(1, 1, 1)))], ["k1"])
+    assert earlier == {} and storage.read_snapshot(a, later).num_rows == 3
+    with storage.catalog._engine.connect() as connection:
+        kept = dict(connection.execute(select(AppendKey.key, AppendKey.ts)).all())
+    assert kept == {"k1": later, "k2": kept["k2"]} and kept["k2"] < later  # k2 waits for the prune
+    storage.catalog._prune_keys_at_ms = 0
+    storage.append_group([(a, storage.append_batch_of(a, _rows(1, 3, 1)))])
+    with storage.catalog._engine.connect() as connection:
+        assert connection.execute(select(AppendKey.key)).scalars().all() == ["k1"]
 
 
 def test_a_refused_group_writes_nothing(storage: Storage, blob_dir: Path) -> None:
