@@ -15,7 +15,6 @@ import time
 import grpc
 import pytest
 
-from catalog import Catalog
 from controller._process import ControllerProcess, kill_replicas, wait_until
 from controller.client import Client, TandemError
 from protocol import controller_codec as codec
@@ -159,51 +158,6 @@ def test_a_call_to_a_hung_controller_fails_within_seconds_so_the_client_can_move
         controller.kill()
 
 
-def test_a_resize_cut_off_by_the_leaders_kill_is_finished_by_the_standby_that_takes_the_lead(tmp_path):
-    """A resize is a durable record (issue 51, item 6): the standby that takes the lead
-    from a leader killed halfway carries it on from the record, as a restarted
-    controller does (`test_resize`). The old replica is an external address nothing
-    listens on, so only the new replica, spawned by the killed leader and adopted by
-    the new one, decides."""
-    ports = _free_port(), _free_port()
-    first = _controller(tmp_path, "c1", ports[0], standby=False)
-    second = _controller(tmp_path, "c2", ports[1], standby=True)
-    catalog = Catalog.open(f"sqlite:///{tmp_path / 'shared' / 'catalog.db'}")
-    try:
-        client = Client.connect(f"{first.address},{second.address}", failover=60)
-        client.create_instance("main")
-        client.add_replica("main", "old", address="127.0.0.1:1")
-        resizing = threading.Thread(target=lambda: _quietly(lambda: client.resize("main", "xsmall", timeout_ms=180_000)), daemon=True)
-        resizing.start()
-        wait_until(lambda: "xsmall_1" in _replicas(catalog), 60, "the new replica recorded")
-        [record] = catalog.list_reconfigurations()
-        assert (record.old, record.new) == (("old",), ("xsmall_1",))
-        first.kill()
-        second.await_lead(120)
-        resizing.join(60)
-        wait_until(lambda: _replicas(catalog) == ["xsmall_1"], 180, "the resize finished by the new leader")
-        assert catalog.list_reconfigurations() == []
-        events = client.events("main")
-        took_over = max(e.id for e in events if e.kind == "took_over" and "epoch 2" in e.message)
-        assert [e.kind for e in events if e.id > took_over and e.kind.startswith("resize")] == ["resize_committed"]
-        client.close()
-    finally:
-        catalog.close()
-        for process in (first, second):
-            if process.process.poll() is None:
-                process.kill()
-        kill_replicas(tmp_path / "c1", f"sqlite:///{tmp_path / 'shared' / 'catalog.db'}")
-
-
-def _replicas(catalog: Catalog) -> list[str]:
-    return sorted(r.name for r in catalog.list_replicas("main"))
-
-
-def _quietly(call) -> None:
-    try:
-        call()
-    except TandemError:
-        pass  # its leader was killed: the next one carries the resize on
 
 
 def test_a_handover_moves_the_lead_to_the_named_standby_and_calls_wait_rather_than_fail(tmp_path):
