@@ -69,11 +69,16 @@ def collection_row(
     """The row of collection `id`; with `live`, a dropped one is NotFound."""
     query = select(Collection).where(Collection.id == id)
     row = session.scalars(query.with_for_update() if lock else query).one_or_none()
-    if row is None:
-        raise NotFound(f"collection {id!r} does not exist")
-    if live and row.dropped:
-        raise NotFound(f"collection {id} ({row.name}) was dropped")
+    check_collection_found(id, None if row is None else row.name, live and row is not None and row.dropped)
     return row
+
+
+def check_collection_found(id: str, name: str | None, dropped: bool) -> None:
+    """NotFound for collection `id` when it has no row (`name` None) or is `dropped`."""
+    if name is None:
+        raise NotFound(f"collection {id!r} does not exist")
+    if dropped:
+        raise NotFound(f"collection {id} ({name}) was dropped")
 
 
 def _check_storage_name_free(session: Session, name: str) -> None:

@@ -26,7 +26,7 @@ from sqlalchemy import bindparam, delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from catalog._checks import check_frontier, check_text
-from catalog._collections import STORAGE, collection_row
+from catalog._collections import STORAGE, check_collection_found, collection_row
 from catalog._errors import AlreadyExists, InvalidArgument, NotFound, UpperMismatch
 from catalog._models import APPEND_KEYS_RETAINED_MS, AppendKey, Batch, Collection, ReadHold, RetiredBlob, frontier_from_db
 from catalog._records import (
@@ -122,12 +122,8 @@ def append_group(session: Session, batches: Mapping[str, NewBatch | None], ts: i
     connection = session.connection()
     upper = Frontier(ts + 1)
     for id in sorted(batches):
-        found = connection.execute(_LOCK_SOURCE, {"id": id}).one_or_none()
-        if found is None:
-            raise NotFound(f"collection {id!r} does not exist")
-        name, kind, dropped, current = found
-        if dropped:
-            raise NotFound(f"collection {id} ({name}) was dropped")
+        name, kind, dropped, current = connection.execute(_LOCK_SOURCE, {"id": id}).one_or_none() or (None, None, False, None)
+        check_collection_found(id, name, dropped)
         if kind == "index":
             raise _not_in_storage(id, name)
         if kind != "source":

@@ -372,7 +372,7 @@ class StorageReader:
         if after is not None and _read_in_driver(batches):
             return arrow_frame(session, self._changes_table(batches, after, through))
         frame = session.read.schema(self.file_ddl).parquet(*(b.uri for b in batches))
-        if all(_within(t, after, through) for b in batches for t in b.times):
+        if _all_within(batches, after, through):
             return frame  # no filter for Spark to evaluate on every row
         keep = F.col(TIME) <= through
         return frame.where(keep if after is None else keep & (F.col(TIME) > after))
@@ -386,7 +386,7 @@ class StorageReader:
         files = [file for batch in batches for file in self.storage.batch_files(self.storage.fs_path(batch.path))]
         # One dataset: its files are read on pyarrow's threads, in the order given.
         table = ds.dataset(files, schema=schema, format="parquet", filesystem=self.storage.filesystem).to_table()
-        if all(_within(t, after, through) for b in batches for t in b.times):
+        if _all_within(batches, after, through):
             return table
         times = table[TIME]
         return table.filter(pc.and_(pc.greater(times, after), pc.less_equal(times, through)))
@@ -465,6 +465,11 @@ def _read_in_driver(batches: list[BatchFile]) -> bool:
         and sum(b.rows for b in batches) <= DRIVER_READ_MAX_ROWS
         and all(b.path is not None for b in batches)
     )
+
+
+def _all_within(batches: list[BatchFile], after: int | None, through: int) -> bool:
+    """Whether every update of `batches` is in `(after, through]`: no filter needed."""
+    return all(_within(t, after, through) for b in batches for t in b.times)
 
 
 def _within(t: int, after: int | None, through: int) -> bool:
