@@ -60,6 +60,11 @@ STALE_LEASES = 3
 
 HANDED_OVER = "this controller handed the lead over"
 
+PROBE_S = 1.0
+"""How long a handover waits for the named standby to answer before it holds any call:
+one that does not (dead since it was last heard from) is refused the lead, which stays
+here; a handover to a dead sole standby would otherwise leave nobody serving."""
+
 DRAIN_S = 0.5
 """How long a handover lets the calls in flight that change something finish before it
 hands the epoch over (those still running may then fail; a client sends the safe ones
@@ -396,15 +401,26 @@ def successor(state: Leadership, to: str | None, now_ms: int, lease_ms: int) -> 
 
 
 async def hand_over(
-    front: Front, controller: Any, me: ControllerSpec, lease: LeaseOptions, to: str | None, tell: Callable[[str, int], Awaitable[None]]
+    front: Front,
+    controller: Any,
+    me: ControllerSpec,
+    lease: LeaseOptions,
+    to: str | None,
+    tell: Callable[[str, int], Awaitable[None]],
+    probe: Callable[[str], Awaitable[None]],
 ) -> HandoverView:
-    """The leader's side of a handover to `successor(to)`: hold new calls, let those in
-    flight finish (up to `DRAIN_S`), hand the epoch over in the catalog, stop driving
-    the replicas (the successor connects to them), `tell` the successor (its address,
-    the epoch) and wait for it to serve; then the held calls are refused naming it, so a
+    """The leader's side of a handover to `successor(to)`: `probe` that it answers
+    (else the lead stays here, nothing held), hold new calls, let those in flight
+    finish (up to `DRAIN_S`), hand the epoch over in the catalog, stop driving the
+    replicas (the successor connects to them), `tell` the successor (its address, the
+    epoch) and wait for it to serve; then the held calls are refused naming it, so a
     client moves there with one retry. This controller serves nothing after."""
     state = await asyncio.to_thread(controller.catalog.leadership)
     target = successor(state, to, controller.catalog.now_ms(), lease.lease_ms)
+    try:
+        await probe(target.address)
+    except Exception as error:
+        raise ControllerError("FAILED_PRECONDITION", f"the standby at {target.address} does not answer ({error}): the lead stays here") from None
     held = monotonic()
     front.hold()
     phases = []  # (what, when it ended)

@@ -34,8 +34,8 @@ from time import monotonic
 
 from catalog import InvalidArgument, ReplicaInfo
 from controller._api import ControllerError, HandoverView
-from controller._leadership import Front, LeaseClock, LeaseOptions, Standby, hand_over, keep_lease, this_process
-from controller._service import ControllerServer, ask_to_take_lead
+from controller._leadership import PROBE_S, Front, LeaseClock, LeaseOptions, Standby, hand_over, keep_lease, this_process
+from controller._service import ControllerServer, ask_leadership, ask_to_take_lead
 from controller._upkeep import UpkeepOptions
 from controller.runtime import Controller
 from protocol.security import ServerSecurity
@@ -129,7 +129,8 @@ async def serve(
 
     async def hand_over_to(to: str | None) -> HandoverView:
         tell = functools.partial(ask_to_take_lead, security=security, timeout_s=lease.lease_ms / 1000)
-        handover = asyncio.ensure_future(hand_over(front, controller, me, lease, to, tell))
+        probe = functools.partial(ask_leadership, security=security, timeout_s=PROBE_S)
+        handover = asyncio.ensure_future(hand_over(front, controller, me, lease, to, tell, probe))
         handover.add_done_callback(lambda _: front.handed_over and stopping.set())  # even if its successor did not answer
         handovers.append(handover)
         return await asyncio.shield(handover)  # a caller that gives up does not stop it halfway

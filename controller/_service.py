@@ -385,6 +385,13 @@ class ControllerServer:
         await self._server.stop(grace)
 
 
+async def ask_leadership(address: str, security: ServerSecurity, timeout_s: float) -> None:
+    """Ask the controller at `address` who leads, to see that it answers within
+    `timeout_s`; a `grpc.RpcError` if not."""
+    async with security.channel(address, list(codec.CLIENT_CHANNEL_OPTIONS)) as channel:
+        await pb_grpc.ControllerStub(channel).GetLeadership(pb.GetLeadershipRequest(), timeout=timeout_s, metadata=security.metadata)
+
+
 async def ask_to_take_lead(address: str, epoch: int, security: ServerSecurity, timeout_s: float) -> None:
     """Tell the standby at `address` that a handover gave it the lead as `epoch`, and
     wait (up to `timeout_s`) until it answers that it serves; a `grpc.RpcError` if not."""

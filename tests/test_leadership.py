@@ -411,3 +411,48 @@ def test_a_front_holds_new_calls_through_a_handover_refuses_a_second_and_then_na
         catalog.close()
 
     asyncio.run(run())
+
+
+def test_a_handover_to_a_standby_that_does_not_answer_is_refused_and_the_lead_stays(tmp_path):
+    """A standby heard from within a lease may have died since: the leader asks it
+    (`PROBE_S`) before it holds a call or moves the epoch, and keeps the lead when it
+    does not answer, rather than hand it to nobody."""
+    from functools import partial
+
+    from controller._leadership import PROBE_S, hand_over
+    from controller._service import ask_leadership
+    from protocol.security import ServerSecurity
+
+    with socket.socket() as unbound:
+        unbound.bind(("127.0.0.1", 0))
+        dead = ControllerSpec("b", f"127.0.0.1:{unbound.getsockname()[1]}", "h1", 20, None)  # nothing listens once closed
+    leader = ControllerSpec("a", "127.0.0.1:7001", "h1", 10, None)
+    catalog = Catalog.open(f"sqlite:///{tmp_path / 'catalog.db'}")
+    catalog.take_lead(leader, LEASE.lease_ms, lambda state: "started")
+    catalog.register_standby(dead)
+
+    class Controller:
+        epoch = 1
+
+        def __init__(self) -> None:
+            self.catalog = catalog
+
+        async def list_sources(self):
+            return ["s"]
+
+    async def tell(address: str, epoch: int) -> None:
+        raise AssertionError("a standby that does not answer is never told it leads")
+
+    async def run() -> None:
+        front = Front(catalog, LEASE)
+        front.serve(Controller(), LeaseClock(LEASE, renewed_at=0.0))
+        probe = partial(ask_leadership, security=ServerSecurity(), timeout_s=PROBE_S)
+        with pytest.raises(ControllerError, match=f"the standby at {dead.address} does not answer") as refused:
+            await hand_over(front, Controller(), leader, LEASE, dead.address, tell, probe)
+        assert refused.value.code == "FAILED_PRECONDITION"
+        assert await asyncio.wait_for(front.list_sources(), 1) == ["s"]  # calls are not held
+
+    asyncio.run(run())
+    state = catalog.leadership()
+    assert (state.epoch, state.leader.id, [s.id for s in state.standbys]) == (1, "a", ["b"])
+    catalog.close()
