@@ -800,9 +800,9 @@ class IncrementalDataflow:
         `every_group`, the new row of every group instead: the view a ranked query
         reads. `timed`: the rows of every touched group at each time it changed in a
         step covering several (from `__steps`, `_timed`)."""
+        both = (("new", 1), ("old", -1))
         if timed:
-            selects = [self._rows_sql("__steps g", side, shape, sign=sign, timed=True) for side, sign in (("new", 1), ("old", -1))]
-            return " UNION ALL ".join(selects)
+            return self._rows_sql("__steps g", both, shape, timed=True)
         keys = self._keys
         source = "__summed g"
         for a in self._value_arguments:
@@ -812,37 +812,51 @@ class IncrementalDataflow:
                 f" LEFT JOIN (SELECT {_prefix(', '.join(keys))}{distinct_counts} FROM __vsummed{a}{grouping}) x{a}"
                 f" ON {_matching('g', f'x{a}', keys)}"
             )
-        selects = [self._rows_sql(source, "new", shape, sign=1, time=time, every_group=every_group)]
-        if self.hydrated and not every_group:
-            selects.append(self._rows_sql(source, "old", shape, sign=-1, time=time))
-        return " UNION ALL ".join(selects)
+        sides = both if self.hydrated and not every_group else both[:1]
+        return self._rows_sql(source, sides, shape, time=time, every_group=every_group)
 
     def _rows_sql(
-        self, source: str, side: str, shape: AggregateShape, *, sign: int, time: int | None = None, every_group: bool = False, timed: bool = False
+        self, source: str, sides: tuple[tuple[str, int], ...], shape: AggregateShape, *, time: int | None = None, every_group: bool = False, timed: bool = False
     ) -> str:
-        """The `side` ("new" or "old") row of every touched group (of every group, with
-        `every_group`) that exists on that side: a positive multiplicity, or always for a
-        global aggregate (whose sums over nothing are then 0); at `time` (its `_time`
-        joined by `_versions`), or, `timed`, at each time of `__steps` (where every row
-        is a touched group's), with its `_time`."""
+        """The rows of each of `sides` (("new", 1), ("old", -1): the side and its
+        `_diff`) of every touched group (of every group, with `every_group`) that exists
+        on that side: a positive multiplicity, or always for a global aggregate (whose
+        sums over nothing are then 0); at `time` (its `_time` joined by `_versions`), or,
+        `timed`, at each time of `__steps` (where every row is a touched group's), with
+        its `_time`. One scan of `source` gives both sides (a generator of two rows a
+        row): a UNION ALL of a select per side would compute a window or join under it
+        twice."""
         keys = self._keys
         at = f"g.{TIME}" if timed else f"'{time}'"  # a string literal: see `_versions`
-        if keys:
-            values = {n: f"g.{side}_{n}" for n in self._accumulators}
-            multiplicity = values["__n"]
-            message = f"'negative count in dataflow {_sql_text(self.what)} at ' || {at} || ': a group has multiplicity ' || {multiplicity}"
-            exists = f"CASE WHEN {multiplicity} < 0 THEN raise_error({message}) ELSE {multiplicity} > 0 END"
-            where = f" WHERE {exists}" if every_group or timed else f" WHERE g.__touched = 1 AND {exists}"
+        fields = []  # per side: (name, expression)
+        for side, sign in sides:
+            if keys:
+                values = {n: f"g.{side}_{n}" for n in self._accumulators}
+            else:
+                values = {n: f"coalesce(g.{side}_{n}, 0)" for n in self._accumulators}
+            values.update({n: f"g.{side}_{n}" for n in self._extremes})
+            for a in self._value_arguments:
+                values[f"__cd{a}"] = f"g.{side}_cd{a}" if timed else f"coalesce(x{a}.{side}_cd{a}, 0)"
+            row = [(f"__a{i}", f"CAST({final(call, values)} AS {call.result_type})") for i, call in enumerate(shape.calls)]
+            row.append((DIFF, f"CAST({sign} AS BIGINT)"))
+            if keys:
+                multiplicity = values["__n"]
+                message = f"'negative count in dataflow {_sql_text(self.what)} at ' || {at} || ': a group has multiplicity ' || {multiplicity}"
+                row.append(("__exists", f"CASE WHEN {multiplicity} < 0 THEN raise_error({message}) ELSE {multiplicity} > 0 END"))
+            fields.append(row)
+        if len(fields) == 1:
+            row = dict(fields[0])
+            exists = row.pop("__exists", None)
+            values = [f"{e} AS {n}" for n, e in row.items()]
         else:
-            values = {n: f"coalesce(g.{side}_{n}, 0)" for n in self._accumulators}
-            where = ""
-        values.update({n: f"g.{side}_{n}" for n in self._extremes})
-        for a in self._value_arguments:
-            values[f"__cd{a}"] = f"g.{side}_cd{a}" if timed else f"coalesce(x{a}.{side}_cd{a}, 0)"
-        finals = [
-            f"CAST({final(call, values)} AS {call.result_type}) AS __a{i}" for i, call in enumerate(shape.calls)
-        ]
-        columns = [*(f"g.{k}" for k in keys), *finals, f"CAST({sign} AS BIGINT) AS {DIFF}", *([f"{at} AS {TIME}"] if timed else [])]
+            names = [name for name, _ in fields[0]]
+            structs = ", ".join("named_struct(" + ", ".join(f"'{n}', {e}" for n, e in row) + ")" for row in fields)
+            source += f" LATERAL VIEW inline(array({structs})) s AS {', '.join(names)}"
+            exists = "s.__exists" if keys else None
+            values = [f"s.{name}" for name in names if name != "__exists"]
+        columns = [*(f"g.{k}" for k in keys), *values, *([f"{at} AS {TIME}"] if timed else [])]
+        conditions = [*([] if every_group or timed or not keys else ["g.__touched = 1"]), *([exists] if exists else [])]
+        where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
         return f"SELECT {', '.join(columns)} FROM {source}{where}"
 
     def _mark_hydrated(self) -> None:
