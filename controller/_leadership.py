@@ -176,7 +176,8 @@ class Front:
     lead over); before and after, every call but `GetVersion`, `GetLeadership` and
     `TakeLead` is UNAVAILABLE naming the leader, which a client follows (`NotLeader`). While this
     controller hands the lead over or takes it (`hold`), new calls wait for the outcome
-    rather than fail."""
+    rather than fail, for at most a lease: a takeover whose recovery hangs refuses them
+    then (UNAVAILABLE), and a client sends them again, here or to another controller."""
 
     def __init__(self, catalog: Catalog, lease: LeaseOptions) -> None:
         self.catalog = catalog
@@ -259,7 +260,11 @@ class Front:
 
     def __getattr__(self, name: str) -> Any:
         async def call(*args: Any, **kwargs: Any) -> Any:
-            await self._open.wait()
+            if not self._open.is_set():
+                try:
+                    await asyncio.wait_for(self._open.wait(), self.lease.lease_ms / 1000)
+                except TimeoutError:
+                    raise NotLeader(f"the lead is still moving here or away after {self.lease.lease_ms} ms", self.leader_address) from None
             if not self._serving():
                 raise NotLeader(self.refusal, self.leader_address)
             running = getattr(self.controller, name)(*args, **kwargs)

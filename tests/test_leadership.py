@@ -456,3 +456,36 @@ def test_a_handover_to_a_standby_that_does_not_answer_is_refused_and_the_lead_st
     state = catalog.leadership()
     assert (state.epoch, state.leader.id, [s.id for s in state.standbys]) == (1, "a", ["b"])
     catalog.close()
+
+
+def test_a_call_held_through_a_change_of_leader_waits_at_most_a_lease(tmp_path):
+    """A takeover whose recovery hangs (or a handover whose successor does not answer)
+    holds new calls for at most a lease, then refuses them UNAVAILABLE, which a client
+    sends again; calls made once the front is released go through."""
+    from controller._leadership import NotLeader
+
+    lease = LeaseOptions(lease_ms=300, renew_ms=100, margin_ms=100)
+
+    class Controller:
+        epoch = 1
+
+        async def list_sources(self):
+            return ["s"]
+
+    async def run() -> None:
+        catalog = Catalog.open(f"sqlite:///{tmp_path / 'catalog.db'}")
+        front = Front(catalog, lease)
+        front.hold()
+        front.serve(Controller(), LeaseClock(lease, renewed_at=0.0))
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(NotLeader, match="still moving here or away after 300 ms") as refused:
+            await front.list_sources()
+        assert refused.value.code == "UNAVAILABLE"
+        assert 0.25 <= asyncio.get_running_loop().time() - started < 2
+        held = asyncio.ensure_future(front.list_sources())
+        await asyncio.sleep(0.1)
+        front.release()
+        assert await held == ["s"]
+        catalog.close()
+
+    asyncio.run(run())
