@@ -387,9 +387,12 @@ class ControllerServer:
 
 async def ask_leadership(address: str, security: ServerSecurity, timeout_s: float) -> None:
     """Ask the controller at `address` who leads, to see that it answers within
-    `timeout_s`; a `grpc.RpcError` if not."""
+    `timeout_s`; a `ConnectionError` naming gRPC's status if not."""
     async with security.channel(address, list(codec.CLIENT_CHANNEL_OPTIONS)) as channel:
-        await pb_grpc.ControllerStub(channel).GetLeadership(pb.GetLeadershipRequest(), timeout=timeout_s, metadata=security.metadata)
+        try:
+            await pb_grpc.ControllerStub(channel).GetLeadership(pb.GetLeadershipRequest(), timeout=timeout_s, metadata=security.metadata)
+        except grpc.RpcError as error:
+            raise ConnectionError(f"{error.code().name}: {error.details()}") from None
 
 
 async def ask_to_take_lead(address: str, epoch: int, security: ServerSecurity, timeout_s: float) -> None:

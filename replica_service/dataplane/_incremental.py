@@ -847,14 +847,14 @@ class IncrementalDataflow:
         if len(fields) == 1:
             row = dict(fields[0])
             exists = row.pop("__exists", None)
-            values = [f"{e} AS {n}" for n, e in row.items()]
+            outputs = [f"{e} AS {n}" for n, e in row.items()]
         else:
             names = [name for name, _ in fields[0]]
             structs = ", ".join("named_struct(" + ", ".join(f"'{n}', {e}" for n, e in row) + ")" for row in fields)
             source += f" LATERAL VIEW inline(array({structs})) s AS {', '.join(names)}"
             exists = "s.__exists" if keys else None
-            values = [f"s.{name}" for name in names if name != "__exists"]
-        columns = [*(f"g.{k}" for k in keys), *values, *([f"{at} AS {TIME}"] if timed else [])]
+            outputs = [f"s.{name}" for name in names if name != "__exists"]
+        columns = [*(f"g.{k}" for k in keys), *outputs, *([f"{at} AS {TIME}"] if timed else [])]
         conditions = [*([] if every_group or timed or not keys else ["g.__touched = 1"]), *([exists] if exists else [])]
         where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
         return f"SELECT {', '.join(columns)} FROM {source}{where}"
