@@ -17,7 +17,7 @@ from pyspark.sql import SparkSession
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import GROUPS, LOAD_BATCH, SALES, sales_rows  # noqa: E402
+from _common import GROUPS, LOAD_BATCH, SALES, sales_rows, scratch_storage  # noqa: E402
 
 import history as h  # noqa: E402
 from catalog._instances import DETERMINISTIC_SPARK_CONF  # noqa: E402
@@ -41,6 +41,17 @@ def load_sales(storage: Storage, rows: int, *, groups: int = GROUPS) -> int:
         loaded = sales_rows(start, min(LOAD_BATCH, rows - start), seed=1, groups=groups)
         storage.append(sales, loaded.append_column("_diff", pa.array([1] * loaded.num_rows, pa.int64())))
     return sales
+
+
+def sales_in_session(root: Path, rows: int) -> tuple[Storage, SparkSession, int, StorageReader]:
+    """Scratch storage under `root`, a `small` replica's session, a `sales` source of
+    `rows` rows in it (`load_sales`) and a reader of `sales` refreshed in the session."""
+    storage = scratch_storage(root)
+    session = small_session(root)
+    sales = load_sales(storage, rows)
+    reader = StorageReader(storage, sales)
+    reader.refresh(session)
+    return storage, session, sales, reader
 
 
 class SteppedFlow:

@@ -39,13 +39,12 @@ from pyspark.sql import functions as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import change, log, scratch_storage  # noqa: E402
-from _in_process import SteppedFlow, load_sales, small_session  # noqa: E402
+from _common import change, log  # noqa: E402
+from _in_process import SteppedFlow, sales_in_session  # noqa: E402
 from freshness_bench import SHAPES  # noqa: E402
 
 from catalog._instances import DETERMINISTIC_SPARK_CONF  # noqa: E402
 from replica_service import _spark  # noqa: E402
-from replica_service.dataplane import StorageReader  # noqa: E402
 
 WARM_ROUNDS = 3  # left out of the medians: the first steps compile code
 
@@ -75,11 +74,7 @@ def main() -> None:
 
 def _run(root: Path, rows: int, rounds: int, change_rows: int) -> dict[str, float]:
     """Each measurement's median seconds over the rounds after the warm ones."""
-    storage = scratch_storage(root)
-    session = small_session(root)
-    sales = load_sales(storage, rows)
-    reader = StorageReader(storage, sales)
-    reader.refresh(session)
+    storage, session, sales, reader = sales_in_session(root, rows)
     flows = {s: SteppedFlow(session, f"a_{s}", SHAPES["a"], {"sales": reader}, strategy=s) for s in ("incremental", "recompute")}
     queries = _spark.dataflow_session(session, DETERMINISTIC_SPARK_CONF)
     queries.conf.set("spark.sql.shuffle.partitions", "1")  # as a small step is planned

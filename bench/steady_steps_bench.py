@@ -18,7 +18,6 @@ the full tiered compiler).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -27,12 +26,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import change, log, scratch_storage  # noqa: E402
-from _in_process import SteppedFlow, load_sales, small_session  # noqa: E402
+from _common import JvmCpu, change, log  # noqa: E402
+from _in_process import SteppedFlow, sales_in_session  # noqa: E402
 from steps_bench import FLOWS  # noqa: E402
 
 from replica_service import _spark  # noqa: E402
-from replica_service.dataplane import StorageReader  # noqa: E402
 
 JIT = "-XX:TieredStopAtLevel=1"
 
@@ -48,16 +46,12 @@ def main() -> None:
     _spark.DRIVER_JVM_OPTIONS = _spark.DRIVER_JVM_OPTIONS.replace(JIT, args.jvm_options)  # read as the session starts
     with tempfile.TemporaryDirectory(prefix="tandem-steady-") as directory:
         root = Path(directory)
-        storage = scratch_storage(root)
-        session = small_session(root)
-        sales = load_sales(storage, args.rows)
-        reader = StorageReader(storage, sales)
-        reader.refresh(session)
+        storage, session, sales, reader = sales_in_session(root, args.rows)
         flows = {name: SteppedFlow(session, name, sql, {"sales": reader}) for name, sql in FLOWS.items()}
         for flow in flows.values():
             flow.step(storage.upper(sales).time - 1)
         log(f"hydrated over {args.rows:,} rows; JIT option {args.jvm_options!r}")
-        context, tracker = session.sparkContext, session.sparkContext.statusTracker()
+        context, tracker, jvm = session.sparkContext, session.sparkContext.statusTracker(), JvmCpu(session)
         seconds: dict[str, list[float]] = {name: [] for name in flows}
         cpu: list[float] = []
         jobs: dict[str, tuple[int, int, int]] = {}
@@ -71,7 +65,7 @@ def main() -> None:
                 step += 1
                 times.append(storage.append(sales, change(args.rows, step, 50, retract=15)))
             reader.refresh(session)
-            used = _children_cpu_s()
+            jvm.mark()
             for name, flow in flows.items():
                 group = f"steady-{name}-{round_}"
                 context.setJobGroup(group, group)
@@ -81,7 +75,7 @@ def main() -> None:
                 output.finish()
                 seconds[name].append(time.perf_counter() - started)
                 jobs[name] = _jobs(tracker, group)
-            cpu.append(_children_cpu_s() - used)
+            cpu.append(jvm.since_mark()[0])
             if round_ % 10 == 9:
                 cells = [f"{sum(took[-10:]) / 10:.3f}" for took in seconds.values()]
                 print(f"| {round_ - 8}-{round_ + 1} | " + " | ".join(cells) + f" | {sum(cpu[-10:]) / 10:.2f} |", flush=True)
@@ -97,19 +91,6 @@ def _jobs(tracker, group: str) -> tuple[int, int, int]:
     stage_ids = [s for j in job_ids if (info := tracker.getJobInfo(j)) is not None for s in info.stageIds]
     tasks = sum(info.numTasks for s in stage_ids if (info := tracker.getStageInfo(s)) is not None)
     return len(job_ids), len(stage_ids), tasks
-
-
-def _children_cpu_s() -> float:
-    """The CPU seconds this process's children (the session's JVM) have used."""
-    total = 0.0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(") ", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == os.getpid():
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
 
 
 if __name__ == "__main__":

@@ -28,11 +28,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from _common import change, log, scratch_storage  # noqa: E402
-from _in_process import SteppedFlow, load_sales, small_session  # noqa: E402
+from _common import change, log  # noqa: E402
+from _in_process import SteppedFlow, sales_in_session  # noqa: E402
 
 from replica_service._arrangement import Version  # noqa: E402
-from replica_service.dataplane import StorageReader, _reader  # noqa: E402
+from replica_service.dataplane import _reader  # noqa: E402
 from replica_service.dataplane._reader import DRIVER_READ_MAX_ROWS  # noqa: E402
 
 FLOWS = {
@@ -53,11 +53,7 @@ def main() -> None:
     counts = [int(n) for n in args.times.split(",")]
     with tempfile.TemporaryDirectory(prefix="tandem-steps-") as directory:
         root = Path(directory)
-        storage = scratch_storage(root)
-        session = small_session(root)
-        sales = load_sales(storage, args.rows)
-        reader = StorageReader(storage, sales)
-        reader.refresh(session)
+        storage, session, sales, reader = sales_in_session(root, args.rows)
         flows = {(name, mode): SteppedFlow(session, f"{name}_{mode}", sql, {"sales": reader}) for name, sql in FLOWS.items() for mode in MODES}
         checks = {name: SteppedFlow(session, f"{name}_check", sql, {"sales": reader}, strategy="recompute") for name, sql in FLOWS.items()}
         at = storage.upper(sales).time - 1
