@@ -64,11 +64,12 @@ class SteppedFlow:
         self.maintainer = maintainer(desc, self.session, inputs, {}, PARTITIONS)
         self.version: pa.Table | None = None
 
-    def step(self, at: int) -> float:
-        """Step to `at` and apply its changes to `version` (from `step` to `finish`, as a
-        replica's step runs); the seconds it took."""
+    def step(self, *times: int) -> float:
+        """Step over `times` (ascending) in one step, as a replica behind by them does,
+        and apply their changes to `version` (from `step` to `finish`, as a replica's step
+        runs); the seconds it took."""
         started = time.perf_counter()
-        output = self.maintainer.step([at])
+        output = self.maintainer.step(list(times))
         _, self.version = output.versions(self.version)
         output.finish()
         return time.perf_counter() - started

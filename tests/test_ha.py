@@ -158,8 +158,6 @@ def test_a_call_to_a_hung_controller_fails_within_seconds_so_the_client_can_move
         controller.kill()
 
 
-
-
 def test_a_handover_moves_the_lead_to_the_named_standby_and_calls_wait_rather_than_fail(tmp_path):
     """`tandem leader handover`: the leader holds new calls, hands the epoch over and
     exits 0 once the standby serves; appends and strict reads in a loop through it all
