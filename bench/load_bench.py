@@ -19,7 +19,7 @@ p99 and trend (the least-squares slope over the run, and the mean of its last 30
 less that of its first 30 s); once the stream ends, every acknowledged append checked
 in storage (its 50 rows, once, at its timestamp where compaction has not moved it to
 the since yet), then the time from the last acknowledged append to a strict peek
-seeing it (to the view's write frontier passing it; "-" past `CATCH_UP_S`); the CPU of
+seeing it (to the view's write frontier passing it; "-" past `CATCH_UP_S`); the CPU, in all and by part, of
 the controller, the replicas and their JVMs per row appended; the times the replicas'
 last steps covered.
 
@@ -211,9 +211,11 @@ def _all_hydrated(client: Client) -> bool:
     return len(replicas) == 2 and all(r.dataflows.get(n) is not None and r.dataflows[n].hydrated for r in replicas for n in QUERIES)
 
 
-def _pids(client: Client, controller: ControllerProcess) -> list[int]:
+def _pids(client: Client, controller: ControllerProcess) -> dict[str, list[int]]:
+    """The processes whose CPU is counted, by part: the controller, the replicas'
+    Python processes and their JVMs."""
     replicas = [r.pid for r in client.status("load")[0].replicas if r.pid]
-    return [controller.pid, *replicas, *filter(None, (jvm_of(pid) for pid in replicas))]
+    return {"controller": [controller.pid], "replicas": replicas, "jvms": [pid for pid in map(jvm_of, replicas) if pid]}
 
 
 def _tandem_rate(client: Client, controller: ControllerProcess, root: Path, catalog: str | None, source: str, index: int, rate: float, seconds: float) -> dict:
@@ -239,7 +241,7 @@ def _tandem_rate(client: Client, controller: ControllerProcess, root: Path, cata
                         covered[name] = max(covered.get(name, 0), status.last_step_times)
 
     pids = _pids(client, controller)
-    cpu_before = cpu_seconds(pids)
+    cpu_before = {part: cpu_seconds(of_part) for part, of_part in pids.items()}
     sampler = threading.Thread(target=sample)
     sampler.start()
     log(f"tandem: {rate:g} appends/s of {APPEND_ROWS} rows from {threads} thread(s) for {seconds:g} s")
@@ -269,7 +271,7 @@ def _tandem_rate(client: Client, controller: ControllerProcess, root: Path, cata
         visible["view"] = time.monotonic() - stream.last_ack
     except TimeoutError:
         visible["view"] = None
-    cpu = cpu_seconds(pids) - cpu_before
+    cpu = {part: cpu_seconds(of_part) - cpu_before[part] for part, of_part in pids.items()}
     appended = len(stream.acked) * APPEND_ROWS
     result = {
         "rate": rate,
@@ -280,7 +282,8 @@ def _tandem_rate(client: Client, controller: ControllerProcess, root: Path, cata
         "lags": {name: lags.summary(name, seconds) for name in QUERIES},
         "p99": {name: lags.p99(name) for name in QUERIES},
         "visible": visible,
-        "cpu_us_per_row": 1e6 * cpu / max(appended, 1),
+        "cpu_us_per_row": 1e6 * sum(cpu.values()) / max(appended, 1),
+        "cpu_split": {part: 1e6 * seconds / max(appended, 1) for part, seconds in cpu.items()},
         "max_pending": pending,
         "max_covered": covered,
     }
@@ -431,13 +434,14 @@ def _streaming_rate(session, root: Path, index: int, rate: float, seconds: float
 def report(tandem_results: list[dict], peer: list[dict], seconds: float, catalog: str) -> None:
     print(f"\n## Load: steady streams of {APPEND_ROWS}-row appends, {seconds:g} s each, two small replicas ({catalog} catalog)\n")
     if tandem_results:
-        print("| rate (appends/s) | achieved | failed / missing | lag p50 / p99, trend: view | index | filter | join | last append visible after (view / index / filter / join) | CPU per row | most times a step covered |")
+        print("| rate (appends/s) | achieved | failed / missing | lag p50 / p99, trend: view | index | filter | join | last append visible after (view / index / filter / join) | CPU per row (controller / replicas / JVMs) | most times a step covered |")
         print("|---|---|---|---|---|---|---|---|---|---|")
         for r in tandem_results:
             lags = " | ".join(r["lags"][name] for name in QUERIES)
             visible = " / ".join("-" if r["visible"][name] is None else f"{r['visible'][name]:.1f}" for name in QUERIES)
             covered = max(r["max_covered"].values(), default=0)
-            print(f"| {r['rate']:g} ({r['threads']} thread{'s' if r['threads'] > 1 else ''}) | {r['achieved']:.1f} | {r['failed']} / {r['missing']} | {lags} | {visible} s | {r['cpu_us_per_row']:.0f} us | {covered} |")
+            split = " / ".join(f"{r['cpu_split'][part]:.0f}" for part in ("controller", "replicas", "jvms"))
+            print(f"| {r['rate']:g} ({r['threads']} thread{'s' if r['threads'] > 1 else ''}) | {r['achieved']:.1f} | {r['failed']} / {r['missing']} | {lags} | {visible} s | {r['cpu_us_per_row']:.0f} us ({split}) | {covered} |")
     if peer:
         print("\n| rate (appends/s) | Structured Streaming: achieved | lag p50 / p99, trend | last file visible after | CPU per row |")
         print("|---|---|---|---|---|")
