@@ -48,6 +48,7 @@ from catalog._records import (
     HoldOwner,
     InstanceInfo,
     ManifestState,
+    ManifestTail,
     NewBatch,
     NewEvent,
     ReconfigurationInfo,
@@ -562,6 +563,14 @@ class Catalog:
         """Frontiers, batches and holds of storage collection `id`, in one snapshot."""
         with self._read() as session:
             return _manifest.manifest_state(session, id)
+
+    def manifest_tail(self, id: str, known_upper: int | None, known_batches: int) -> ManifestTail:
+        """What changed in storage collection `id`'s manifest since a read that saw
+        upper `known_upper` (None: no read yet, or a closed collection) and
+        `known_batches` batches: the batches appended since, or all of them if an
+        earlier one changed (`ManifestTail`), and its frontiers, in one snapshot."""
+        with self._read() as session:
+            return _manifest.manifest_tail(session, id, known_upper, known_batches)
 
     def append_batch(
         self, id: str, expected_upper: Frontier, new_upper: Frontier, batch: NewBatch | None

@@ -35,6 +35,7 @@ from catalog._records import (
     HoldInfo,
     HoldOwner,
     ManifestState,
+    ManifestTail,
     NewBatch,
     batch_info,
     collection_info,
@@ -81,6 +82,25 @@ def manifest_state(session: Session, id: str) -> ManifestState:
         batches=tuple(batch_info(b) for b in batches),
         holds=tuple((h.holder, frontier_from_db(h.frontier)) for h in holds),
     )
+
+
+def manifest_tail(session: Session, id: str, known_upper: int | None, known_batches: int) -> ManifestTail:
+    """`Catalog.manifest_tail`. Batches are only ever added at the collection's upper,
+    and a compaction replaces two or more batches below since by at most one, which
+    may reach past `known_upper` (since moved on meanwhile): so the batches wholly below
+    `known_upper` are those the reader holds exactly when they are still `known_batches`
+    in number. Core statements: a replica reads this at every poll of
+    every input, and loading each batch as an ORM object cost most of its Python's time
+    under a stream of appends (thousands of batches above since)."""
+    row = storage_row(session, id, lock=False)
+    connection = session.connection()
+    whole = known_upper is None or connection.execute(_BATCHES_BELOW, {"id": id, "upper": known_upper}).scalar_one() != known_batches
+    query = _BATCH_ROWS if whole else _BATCH_ROWS.where(_BATCHES.c.lower >= known_upper)
+    batches = tuple(
+        BatchInfo(b.id, b.collection_id, b.lower, frontier_from_db(b.upper), b.path, b.rows, b.bytes)
+        for b in connection.execute(query, {"id": id})
+    )
+    return ManifestTail(collection_info(row), batches, whole)
 
 
 def append_batch(
@@ -172,6 +192,12 @@ def advance_sources(session: Session, upper: Frontier) -> list[str]:
 _COLLECTIONS = Collection.__table__
 _BATCHES = Batch.__table__
 _KEYS = AppendKey.__table__
+_BATCH_ROWS = (
+    select(_BATCHES.c.id, _BATCHES.c.collection_id, _BATCHES.c.lower, _BATCHES.c.upper, _BATCHES.c.path, _BATCHES.c.rows, _BATCHES.c.bytes)
+    .where(_BATCHES.c.collection_id == bindparam("id"))
+    .order_by(_BATCHES.c.lower)
+)
+_BATCHES_BELOW = select(func.count()).select_from(_BATCHES).where(_BATCHES.c.collection_id == bindparam("id"), _BATCHES.c.upper <= bindparam("upper"))
 _LOCK_SOURCE = (
     select(_COLLECTIONS.c.name, _COLLECTIONS.c.kind, _COLLECTIONS.c.dropped, _COLLECTIONS.c.upper)
     .where(_COLLECTIONS.c.id == bindparam("id"))

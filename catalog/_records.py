@@ -251,6 +251,19 @@ class ManifestState:
     holds: tuple[tuple[str, Frontier], ...]
 
 
+@dataclass(frozen=True, slots=True)
+class ManifestTail:
+    """What changed in a storage collection's manifest since a reader read it with
+    upper `known_upper` and `known_batches` batches (`Catalog.manifest_tail`), in one
+    snapshot: its frontiers, and either the batches appended since (`whole` False:
+    those at or past `known_upper`; the earlier ones are as read) or, when an earlier one
+    changed (a compaction replaced some), all of them (`whole` True)."""
+
+    collection: CollectionInfo
+    batches: tuple[BatchInfo, ...]
+    whole: bool
+
+
 def instance_info(row: Instance) -> InstanceInfo:
     return InstanceInfo(
         name=row.name,

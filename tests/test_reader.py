@@ -391,6 +391,31 @@ def test_a_manifest_read_before_a_compaction_plans_reads_of_files_garbage_collec
     source.reader.close()
 
 
+@st.composite
+def manifests(draw):
+    """Disjoint batches by `lower`, as a manifest lists them: each spans a few times,
+    holds some of them, and the last may be the append that closed the collection."""
+    batches, lower = [], draw(st.integers(0, 3))
+    for _ in range(draw(st.integers(0, 10))):
+        span = draw(st.integers(1, 4))
+        times = draw(st.sets(st.integers(lower, lower + span - 1), min_size=1))
+        batches.append(_reader.BatchFile(lower, Frontier(lower + span), f"b{lower}", tuple(sorted(times)), True, len(times)))
+        lower += span + draw(st.integers(0, 2))  # a gap: no updates there
+    if batches and draw(st.booleans()):
+        last = batches[-1]
+        batches[-1] = _reader.BatchFile(last.lower, Frontier.empty(), last.uri, last.times, True, last.rows)
+    return batches
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(manifests(), st.none() | st.integers(-1, 45), st.integers(-1, 45) | st.just(math.inf))
+def test_the_batches_holding_updates_in_a_range_are_those_a_scan_finds(batches, after, through):
+    """`_overlapping` bisects on the batches' bounds; it finds what testing every batch's
+    times finds."""
+    scanned = [b for b in batches if any((after is None or t > after) and t <= through for t in b.times)]
+    assert _reader._overlapping(batches, after, through) == scanned
+
+
 class _Probed(StorageReader):
     """A reader that, while it plans a base, asks for its change times from another
     thread, as the replica's event loop does for heartbeats and peeks, and records how

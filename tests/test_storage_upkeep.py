@@ -2,11 +2,13 @@
 PostgreSQL, without replicas or Spark: the retention hold moves since, compaction keeps
 batches bounded under a steady stream of appends, garbage collection forgets retired
 files after the grace, a dataflow created right after a pass keeps its as_of, and the
-controller's background loop stops when fenced and carries on after other errors."""
+controller's background loop stops when fenced and carries on after other errors; a
+reader following the manifest's tail holds its batches through compactions."""
 
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -101,6 +103,41 @@ def test_compaction_waits_for_enough_batches_below_since(storage: Storage, sourc
     (merged,) = storage.catalog.manifest(source).batches
     assert (merged.lower, merged.upper, merged.rows) == (0, F(6), 4)
     assert storage.read_snapshot(source, 6)["id"].to_pylist() == [1, 2, 3, 4]
+
+
+def test_a_manifest_tail_brings_a_follower_to_the_manifest_through_appends_and_compactions(storage: Storage, source: str) -> None:
+    """A reader that keeps the batches it read and asks only for what changed since
+    (`Catalog.manifest_tail`, as a replica's reader does at every poll) holds the
+    manifest's batches after every round of appends, empty appends, compactions, and
+    the close: new batches alone while none of its earlier ones changed, all of them
+    once a compaction replaced some."""
+    rng = random.Random(48)
+    catalog = storage.catalog
+    known: tuple = ()
+    upper: Frontier = F(0)
+    tails = {"whole": 0, "new": 0}
+    storage.acquire_read_hold(source, "reader", F(0))
+    for round_ in range(30):
+        for _ in range(rng.randint(0, 3)):
+            if rng.random() < 0.2:
+                current = storage.upper(source)
+                storage.compare_and_append(source, current, F(current.time + 1))  # no rows
+            else:
+                storage.append(source, [{"id": round_}])
+        if rng.random() < 0.3:
+            storage.downgrade_read_hold(source, "reader", storage.upper(source))
+            storage.compact(source)
+        if round_ == 29:
+            storage.compare_and_append(source, storage.upper(source), Frontier.empty())  # closed
+        tail = catalog.manifest_tail(source, None if upper.is_empty else upper.time, len(known))
+        known = tail.batches if tail.whole else known + tail.batches
+        upper = tail.collection.upper
+        tails["whole" if tail.whole else "new"] += 1
+        state = catalog.manifest(source)
+        assert known == state.batches, f"round {round_}"
+        assert (tail.collection.since, upper) == (state.collection.since, state.collection.upper)
+    assert upper.is_empty
+    assert tails["whole"] >= 3 and tails["new"] >= 10, tails  # both kinds of tail were read
 
 
 class LogicalClock:

@@ -34,11 +34,13 @@ Rules:
 
 from __future__ import annotations
 
+import math
 import threading
 import time
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -48,7 +50,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from catalog import CompactedAway, FailedPrecondition, ManifestState
+from catalog import CompactedAway, FailedPrecondition, ManifestTail
 from history import Frontier
 from storage import DIFF, TIME, Storage, file_schema, merge_run
 from replica_service.dataplane._jvm import in_session
@@ -181,7 +183,8 @@ class StorageReader:
         self._batches: tuple[BatchFile, ...] = ()
         self._known: dict[str, BatchFile] = {}  # by uri: batch files never change
         self._lock = threading.Lock()
-        self._base_planning = threading.Lock()  # taken before `_lock`, never under it
+        self._refreshing = threading.Lock()  # taken before `_lock`, never under it
+        self._base_planning = threading.Lock()  # likewise
         self._base: _Base | None = None
         self._shared: _Shared | None = None
         self._closed = False  # no base or shared snapshot is kept any more
@@ -190,18 +193,27 @@ class StorageReader:
     # --- The manifest --------------------------------------------------------------------
 
     def refresh(self, session: SparkSession) -> None:
-        """Read the manifest again (blocking): new batches, compactions, the frontiers."""
-        read_at = time.monotonic()
-        state: ManifestState = self.storage.catalog.manifest(self.id)
-        batches = tuple(self._batch(session, b.lower, b.upper, b.path, b.rows) for b in state.batches)
-        with self._lock:
-            self._batches = batches
-            self._known = {b.uri: b for b in batches}
-            self.since, self.upper = state.collection.since, state.collection.upper
-            self.refreshed_at = read_at
-            if self._shared is not None and not self._known.keys() >= set(self._shared.key.uris):
-                self._shared.retire()  # its batches were compacted away
-                self._shared = None
+        """Read the manifest again (blocking): new batches, compactions, the frontiers.
+        Only what changed since the last read comes from the catalog (`manifest_tail`),
+        so refreshes of one reader take turns."""
+        with self._refreshing:
+            read_at = time.monotonic()
+            with self._lock:
+                known, upper = self._batches, self.upper
+            tail: ManifestTail = self.storage.catalog.manifest_tail(self.id, None if upper.is_empty else upper.time, len(known))
+            read = tuple(self._batch(session, b.lower, b.upper, b.path, b.rows) for b in tail.batches)
+            batches = read if tail.whole else known + read
+            with self._lock:
+                self._batches = batches
+                self.since, self.upper = tail.collection.since, tail.collection.upper
+                self.refreshed_at = read_at
+                if not tail.whole:  # none went away
+                    self._known.update((b.uri, b) for b in read)
+                    return
+                self._known = {b.uri: b for b in batches}
+                if self._shared is not None and not self._known.keys() >= set(self._shared.key.uris):
+                    self._shared.retire()  # its batches were compacted away
+                    self._shared = None
 
     def _batch(self, session: SparkSession, lower: int, upper: Frontier, path: str, rows: int) -> BatchFile:
         uri = self.storage.spark_uri(path)
@@ -216,11 +228,10 @@ class StorageReader:
 
     def change_times(self, after: int, before: Frontier) -> list[int]:
         """The distinct update times t with `after < t < before`."""
-        limit = float("inf") if before.is_empty else before.time
+        through = math.inf if before.is_empty else before.time - 1
         with self._lock:
             batches = self._batches
-        times = {t for b in batches for t in b.times if after < t < limit}
-        return sorted(times)
+        return sorted({t for b in _overlapping(batches, after, through) for t in b.times if after < t <= through})
 
     def has_changes(self, after: int, through: int) -> bool:
         return bool(self.change_times(after, Frontier(through + 1)))
@@ -230,7 +241,7 @@ class StorageReader:
         None): all the updates of the batches that hold any (a batch may hold other
         times too)."""
         with self._lock:
-            return sum(b.rows for b in self._batches if _overlaps(b, after, through))
+            return sum(b.rows for b in _overlapping(self._batches, after, through))
 
     def empty_before(self, t: int) -> bool:
         """True when no batch holds an update below `t`: the collection has no rows there
@@ -250,7 +261,7 @@ class StorageReader:
         persisted base shared by every step that asks, held by the lease."""
         with self._lock:
             self._check_readable(after + 1 if after is not None else through, through)
-            batches = [b for b in self._batches if _overlaps(b, after, through)]
+            batches = _overlapping(self._batches, after, through)
             cache = lease is not None and after is None and not self._closed  # a step still running after the close
             base = self._base if cache else None
             rebuild = cache and (base is None or _stale(base, batches, through))
@@ -261,7 +272,7 @@ class StorageReader:
         extra = [made_up] if made_up is not None else []
         if base is not None:
             frame = in_session(base.frame, session)
-            newer = self._read(session, [b for b in batches if _overlaps(b, base.through, through)] + extra, base.through, through)
+            newer = self._read(session, _overlapping(batches, base.through, through) + extra, base.through, through)
             return frame.unionByName(newer) if newer is not None else frame
         frame = self._read(session, batches + extra, after, through)
         return frame if frame is not None else self.empty(session)
@@ -314,7 +325,7 @@ class StorageReader:
         or not."""
         with self._lock:
             self._check_readable(t, t)
-            batches = [b for b in self._batches if _overlaps(b, None, t)]
+            batches = _overlapping(self._batches, None, t)
             shared = self._ask(_snapshot_key(batches, t), t) if lease is not None and not self._closed else None
         if shared is None:
             return self._snapshot(session, batches, t)
@@ -476,8 +487,22 @@ def _within(t: int, after: int | None, through: int) -> bool:
     return (after is None or t > after) and t <= through
 
 
-def _overlaps(batch: BatchFile, after: int | None, through: int) -> bool:
-    return any(_within(t, after, through) for t in batch.times)
+def _overlapping(batches: Sequence[BatchFile], after: int | None, through: float) -> list[BatchFile]:
+    """The `batches` (disjoint, by `lower`, as the manifest orders them) holding an
+    update in `(after, through]`: found by bisection on their bounds, then by their
+    times. A replica's status asks this of every dataflow's inputs at each heartbeat,
+    and a stream of appends leaves thousands of batches above since."""
+    start = 0 if after is None else bisect_right(batches, after + 1, key=_upper_bound)  # upper <= after + 1: times <= after
+    end = bisect_right(batches, through, key=_lower_bound)
+    return [b for b in batches[start:end] if any(_within(t, after, through) for t in b.times)]
+
+
+def _upper_bound(batch: BatchFile) -> float:
+    return math.inf if batch.upper.is_empty else batch.upper.time
+
+
+def _lower_bound(batch: BatchFile) -> int:
+    return batch.lower
 
 
 def _snapshot_key(batches: list[BatchFile], t: int) -> _SnapshotKey:
