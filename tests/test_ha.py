@@ -15,7 +15,8 @@ import time
 import grpc
 import pytest
 
-from controller._process import ControllerProcess, kill_replicas, wait_until
+from catalog import Catalog
+from controller._process import ControllerProcess, _tail, kill_replicas, wait_until
 from controller.client import Client, TandemError
 from protocol import controller_codec as codec
 from test_metrics import scrape
@@ -247,3 +248,61 @@ def test_a_handover_moves_the_lead_to_the_named_standby_and_calls_wait_rather_th
             if process.process.poll() is None:
                 process.kill()
         kill_replicas(tmp_path / "c1", f"sqlite:///{tmp_path / 'shared' / 'catalog.db'}")
+
+
+def test_a_resize_cut_off_by_the_leaders_kill_is_finished_by_the_standby_that_takes_the_lead(tmp_path):
+    """A resize is a durable record (issue 51, item 6): the standby that takes the lead
+    from a leader killed halfway carries it on from the record, as a restarted
+    controller does (`test_resize`). The old replica is an external address nothing
+    listens on, so only the new replica, spawned by the killed leader and adopted by
+    the new one, decides. A failed check prints the replicas, the reconfiguration
+    records, the events and both controllers' logs."""
+    ports = _free_port(), _free_port()
+    first = _controller(tmp_path, "c1", ports[0], standby=False)
+    second = _controller(tmp_path, "c2", ports[1], standby=True)
+    catalog = Catalog.open(f"sqlite:///{tmp_path / 'shared' / 'catalog.db'}")
+
+    def explain() -> str:
+        events = "\n".join(f"  {e.id} {e.kind} {e.replica} {e.message}" for e in catalog.list_events("main", limit=200))
+        return (
+            f"replicas {_replicas(catalog)}, reconfigurations {catalog.list_reconfigurations()}\nevents:\n{events}\n"
+            f"c1 log:\n{_tail(first.log_path, 40)}\nc2 log:\n{_tail(second.log_path, 60)}"
+        )
+
+    try:
+        client = Client.connect(f"{first.address},{second.address}", failover=60)
+        client.create_instance("main")
+        client.add_replica("main", "old", address="127.0.0.1:1")
+        resizing = threading.Thread(target=lambda: _quietly(lambda: client.resize("main", "xsmall", timeout_ms=180_000)), daemon=True)
+        resizing.start()
+        wait_until(lambda: "xsmall_1" in _replicas(catalog), 60, "the new replica recorded")
+        [record] = catalog.list_reconfigurations()
+        assert (record.old, record.new) == (("old",), ("xsmall_1",))
+        first.kill()
+        second.await_lead(120)
+        resizing.join(60)
+        wait_until(lambda: _replicas(catalog) == ["xsmall_1"], 180, "the resize finished by the new leader")
+        assert catalog.list_reconfigurations() == []
+        events = catalog.list_events("main", limit=200)
+        took_over = max(e.id for e in events if e.kind == "took_over" and "epoch 2" in e.message)
+        assert [e.kind for e in events if e.id > took_over and e.kind.startswith("resize")] == ["resize_committed"]
+        client.close()
+    except (AssertionError, TimeoutError) as error:
+        raise AssertionError(f"{error}\n{explain()}") from error
+    finally:
+        catalog.close()
+        for process in (first, second):
+            if process.process.poll() is None:
+                process.kill()
+        kill_replicas(tmp_path / "c1", f"sqlite:///{tmp_path / 'shared' / 'catalog.db'}")
+
+
+def _replicas(catalog: Catalog) -> list[str]:
+    return sorted(r.name for r in catalog.list_replicas("main"))
+
+
+def _quietly(call) -> None:
+    try:
+        call()
+    except TandemError:
+        pass  # its leader was killed: the next one carries the resize on
