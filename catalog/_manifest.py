@@ -89,9 +89,9 @@ def manifest_tail(session: Session, id: str, known_upper: int | None, known_batc
     and a compaction replaces two or more batches below since by at most one, which
     may reach past `known_upper` (since moved on meanwhile): so the batches wholly below
     `known_upper` are those the reader holds exactly when they are still `known_batches`
-    in number. Core statements: a replica reads this at every poll of
-    every input, and loading each batch as an ORM object cost most of its Python's time
-    under a stream of appends (thousands of batches above since)."""
+    in number. Core statements: a replica reads this at every poll of every input, and
+    loading each batch as an ORM object cost most of its Python's time under a stream
+    of appends (thousands of batches above since)."""
     row = storage_row(session, id, lock=False)
     connection = session.connection()
     whole = known_upper is None or connection.execute(_BATCHES_BELOW, {"id": id, "upper": known_upper}).scalar_one() != known_batches

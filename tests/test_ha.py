@@ -256,10 +256,11 @@ def test_a_resize_cut_off_by_the_leaders_kill_is_finished_by_the_standby_that_ta
     controller does (`test_resize`). The old replica is an external address nothing
     listens on, so only the new replica, spawned by the killed leader and adopted by
     the new one, decides. A failed check prints the replicas, the reconfiguration
-    records, the events and both controllers' logs."""
-    ports = _free_port(), _free_port()
-    first = _controller(tmp_path, "c1", ports[0], standby=False)
-    second = _controller(tmp_path, "c2", ports[1], standby=True)
+    records, the events and both controllers' logs. Each controller binds a port the
+    system picks (no restart here needs the same one again), so no other test's process
+    can take it between a probe and the bind."""
+    first = _controller(tmp_path, "c1", 0, standby=False)
+    second = _controller(tmp_path, "c2", 0, standby=True)
     catalog = Catalog.open(f"sqlite:///{tmp_path / 'shared' / 'catalog.db'}")
 
     def explain() -> str:
