@@ -58,7 +58,7 @@ def run_size(root: Path, rows: int, size: str, appends: int) -> dict:
         peak = Peak(lambda: {"python": pid, "jvm": jvm})
         client.create_source("sales", SALES)
         started = time.monotonic()
-        loaded = load(client, "sales", rows)
+        load(client, "sales", rows)
         log(f"{rows:,} rows loaded in {time.monotonic() - started:.1f} s")
 
         started = time.monotonic()

@@ -84,7 +84,7 @@ def shapes(root: Path, rows: int, appends: int, strategies: list[str], chosen: s
         client.create_source("sales", SALES)
         client.create_source("regions", REGIONS)
         client.append("regions", regions())
-        loaded = load(client, "sales", rows)
+        load(client, "sales", rows)
         step = 0
         for strategy in strategies:
             names = {shape: f"{shape}_{strategy}" for shape in chosen_shapes}
