@@ -188,6 +188,7 @@ class Front:
         self.refusal = "this controller is a standby"
         self.standby: Standby | None = None  # while it stands by
         self.successor: str | None = None  # the address it handed the lead over to
+        self.successor_serves = False  # and that one said it serves
         self._handing = False  # a handover is under way
         self.hand_over: Callable[[str | None], Awaitable[HandoverView]] | None = None  # while it leads
         self.serving_started = asyncio.Event()
@@ -446,12 +447,13 @@ async def hand_over(
         await controller.stop_driving(NotLeader(HANDED_OVER, target.address))
         phases.append(("letting the replicas go", monotonic()))
         await tell(target.address, epoch)
+        front.successor_serves = True
         phases.append(("the successor's takeover", monotonic()))
     except Exception as error:
         # Not UNAVAILABLE: the lead did move, and a client must not send this call on.
         why = f"handed the lead to {target.address} as epoch {epoch}, which did not say it serves ({error!r})"
         log.warning("%s", why)
-        raise ControllerError("DEADLINE_EXCEEDED", f"{why}; it, or another standby once its lease lapses, takes over") from None
+        raise ControllerError("DEADLINE_EXCEEDED", f"{why}; it, or a standby once its lease lapses, takes over") from None
     finally:
         front.release()
     took_ms = int(1000 * (monotonic() - held))

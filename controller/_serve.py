@@ -15,7 +15,10 @@ Rules:
   names the pids it left and how to re-adopt or stop them. A kill -9 of the controller
   leaves them for the next controller to reconcile, and so does a fenced controller, one
   that lost the lead (its replicas belong to the newer one), or one that handed it over
-  (`tandem leader handover`): that one exits 0 once its successor serves.
+  (`tandem leader handover`): that one exits 0 once its successor serves, and
+  UNAVAILABLE (non-zero) if the successor never said it does: it may have died since
+  the probe, and with no other standby nobody would take its lease once it lapses; a
+  supervisor that restarts the controller on failure then brings the lead back.
 - Leadership (`controller/_leadership.py`): without `standby` it takes the lead at
   once, fencing any other controller on the catalog; with it, it stands by (the ready
   line says so) until it takes the lead, and then prints the leader's ready line.
@@ -166,6 +169,12 @@ async def serve(
     if front.handed_over:  # the successor drives the replicas now
         for replica in await controller.stop():
             print(f"left replica {_name(replica)} running (pid {replica.pid}) to the new leader", flush=True)
+        if not front.successor_serves:
+            raise ControllerError(
+                "UNAVAILABLE",
+                f"handed the lead over to {front.successor}, which did not say it serves: it, or a standby once its lease "
+                "lapses, takes over; a controller started again here takes the lead if none has",
+            )
         print(f"handed the lead over to {front.leader_address}", flush=True)
         return
     if controller.fenced is not None or lost:  # its replicas and catalog belong to the next leader now

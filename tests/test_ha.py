@@ -11,11 +11,13 @@ import signal
 import socket
 import threading
 import time
+from concurrent import futures
 
 import grpc
 import pytest
 
 from catalog import Catalog
+from controller._leadership import this_process
 from controller._process import ControllerProcess, _tail, kill_replicas, wait_until
 from controller.client import Client, TandemError
 from protocol import controller_codec as codec
@@ -248,6 +250,53 @@ def test_a_handover_moves_the_lead_to_the_named_standby_and_calls_wait_rather_th
             if process.process.poll() is None:
                 process.kill()
         kill_replicas(tmp_path / "c1", f"sqlite:///{tmp_path / 'shared' / 'catalog.db'}")
+
+
+class _DyingStandby(pb_grpc.ControllerServicer):
+    """A standby that answers the handover's probe, then is gone when told to take the
+    lead (as one that died between the two would be)."""
+
+    def GetLeadership(self, request, context):
+        return pb.LeadershipView()
+
+    def TakeLead(self, request, context):
+        context.abort(grpc.StatusCode.UNAVAILABLE, "this standby is gone")
+
+
+def test_a_handover_whose_successor_never_serves_exits_non_zero_and_a_restart_takes_the_lead_back(tmp_path):
+    """The successor answered the probe but never said it serves (it died between the
+    two): the old leader, which no longer leads, exits non-zero saying so, rather than
+    0 as after a handover that worked, so that a supervisor restarting it on failure
+    brings the lead back; started again, it takes the lead (a new epoch, fencing the
+    successor's) and serves what was appended before."""
+    first = _controller(tmp_path, "c1", 0, standby=False)
+    fake = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_ControllerServicer_to_server(_DyingStandby(), fake)
+    fake_address = f"127.0.0.1:{fake.add_insecure_port('127.0.0.1:0')}"
+    fake.start()
+    catalog = Catalog.open(f"sqlite:///{tmp_path / 'shared' / 'catalog.db'}")
+    try:
+        with Client(first.address) as client:
+            client.create_source("s", "id BIGINT NOT NULL, v DOUBLE")
+            before = client.append("s", [{"id": 1, "v": 1.0}])
+            catalog.register_standby(this_process(fake_address))
+            with pytest.raises(TandemError, match=f"handed the lead to {fake_address} as epoch 2, which did not say it serves") as refused:
+                client.handover(fake_address)
+            assert refused.value.code is grpc.StatusCode.DEADLINE_EXCEEDED
+        assert first.process.wait(timeout=30) == 1
+        said = _tail(first.log_path, 10)  # its stderr
+        assert f"handed the lead over to {fake_address}, which did not say it serves" in said, said
+        first.start()
+        assert first.epoch == 3
+        with Client(first.address) as client:
+            after = client.append("s", [{"id": 2, "v": 2.0}])
+            assert after > before
+            assert [s.name for s in client.list_sources()] == ["s"]
+    finally:
+        catalog.close()
+        fake.stop(0)
+        if first.process.poll() is None:
+            first.kill()
 
 
 def test_a_resize_cut_off_by_the_leaders_kill_is_finished_by_the_standby_that_takes_the_lead(tmp_path):

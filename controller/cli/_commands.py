@@ -246,7 +246,7 @@ def _serve(args: argparse.Namespace) -> None:
                 lease=lease,
             )
         )
-    except ControllerError as error:  # refused at start: a bad option, address or blob location
+    except ControllerError as error:  # refused at start (a bad option, address or blob location), or the end of a lead
         raise TandemError(grpc.StatusCode[error.code], error.message) from None
 
 
