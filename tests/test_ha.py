@@ -2,7 +2,9 @@
 `--standby` processes on one catalog (SQLite, one host), a real replica, and a client
 given every controller's address. A kill -9 of the leader, a hung leader (SIGSTOP) and
 an operator's stop each move the lead to the standby; the client follows, no
-acknowledged append is lost or doubled, and strict reads see every one of them."""
+acknowledged append is lost or doubled, and strict reads see every one of them. A
+handover moves it on purpose (and one whose successor never serves ends in a non-zero
+exit); a resize cut off by the leader's kill is finished by the standby."""
 
 from __future__ import annotations
 
