@@ -24,6 +24,7 @@ from controller._process import ControllerProcess, _tail, kill_replicas, wait_un
 from controller.client import Client, TandemError
 from protocol import controller_codec as codec
 from test_metrics import scrape
+from test_resize import _quietly, resize_events_after_takeover
 from protocol import controller_pb2 as pb
 from protocol import controller_pb2_grpc as pb_grpc
 
@@ -337,10 +338,10 @@ def test_a_resize_cut_off_by_the_leaders_kill_is_finished_by_the_standby_that_ta
         second.await_lead(120)
         resizing.join(60)
         wait_until(lambda: _replicas(catalog) == ["xsmall_1"], 180, "the resize finished by the new leader")
+        # Noted after the old replicas are dropped and the record ended: waited for.
+        committed = wait_until(lambda: resize_events_after_takeover(catalog.list_events("main", limit=200)), 60, "the resize's end noted")
+        assert committed == ["resize_committed"]
         assert catalog.list_reconfigurations() == []
-        events = catalog.list_events("main", limit=200)
-        took_over = max(e.id for e in events if e.kind == "took_over" and "epoch 2" in e.message)
-        assert [e.kind for e in events if e.id > took_over and e.kind.startswith("resize")] == ["resize_committed"]
         client.close()
     except (AssertionError, TimeoutError) as error:
         raise AssertionError(f"{error}\n{explain()}") from error
@@ -354,10 +355,3 @@ def test_a_resize_cut_off_by_the_leaders_kill_is_finished_by_the_standby_that_ta
 
 def _replicas(catalog: Catalog) -> list[str]:
     return sorted(r.name for r in catalog.list_replicas("main"))
-
-
-def _quietly(call) -> None:
-    try:
-        call()
-    except TandemError:
-        pass  # its leader was killed: the next one carries the resize on

@@ -50,16 +50,23 @@ def test_a_resize_rolls_back_on_timeout_and_is_finished_after_a_controller_resta
         client.close()
         client = Client.connect(controller.address)
         wait_until(lambda: replicas(catalog) == ["xsmall_1"], 180, "the resize finished by the new controller")
+        # Noted after the old replicas are dropped and the record ended: waited for.
+        assert wait_until(lambda: resize_events_after_takeover(client.events("main")), 60, "the resize's end noted") == ["resize_committed"]
         assert catalog.list_reconfigurations() == []
         events = client.events("main")
         took_over = max(e.id for e in events if e.kind == "took_over" and "epoch 2" in e.message)
-        assert [e.kind for e in events if e.id > took_over and e.kind.startswith("resize")] == ["resize_committed"]
         assert [e.kind for e in events if e.id < took_over and e.kind.startswith("resize")][:2] == ["resize_started", "resize_rolled_back"]
     finally:
         client.close()
         controller.kill()
         catalog.close()
         kill_replicas(tmp_path)
+
+
+def resize_events_after_takeover(events: list) -> list[str]:
+    """The kinds of the resize events noted after epoch 2 took over, in order."""
+    took_over = max(e.id for e in events if e.kind == "took_over" and "epoch 2" in e.message)
+    return [e.kind for e in events if e.id > took_over and e.kind.startswith("resize")]
 
 
 def _quietly(call) -> None:
