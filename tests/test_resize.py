@@ -64,9 +64,10 @@ def test_a_resize_rolls_back_on_timeout_and_is_finished_after_a_controller_resta
 
 
 def resize_events_after_takeover(events: list) -> list[str]:
-    """The kinds of the resize events noted after epoch 2 took over, in order."""
-    took_over = max(e.id for e in events if e.kind == "took_over" and "epoch 2" in e.message)
-    return [e.kind for e in events if e.id > took_over and e.kind.startswith("resize")]
+    """The kinds of the resize events noted after epoch 2 took over, in order (none
+    while its takeover is not noted yet)."""
+    took_over = max((e.id for e in events if e.kind == "took_over" and "epoch 2" in e.message), default=None)
+    return [] if took_over is None else [e.kind for e in events if e.id > took_over and e.kind.startswith("resize")]
 
 
 def _quietly(call) -> None:
