@@ -19,9 +19,9 @@ p99 and trend (the least-squares slope over the run, and the mean of its last 30
 less that of its first 30 s); once the stream ends, every acknowledged append checked
 in storage (its 50 rows, once, at its timestamp where compaction has not moved it to
 the since yet), then the time from the last acknowledged append to a strict peek
-seeing it (to the view's write frontier passing it; "-" past `CATCH_UP_S`); the CPU, in all and by part, of
-the controller, the replicas and their JVMs per row appended; the times the replicas'
-last steps covered.
+seeing it (to the view's write frontier passing it; "-" past `CATCH_UP_S`); the CPU
+per row appended, in all and by part (the controller, the replicas' Python, their
+JVMs); the times the replicas' last steps covered.
 
 Structured Streaming: the `view` aggregation as a Spark user would keep it fresh (a
 file source over Parquet, `count`, `sum`, update mode, the fastest trigger, RocksDB
@@ -440,7 +440,7 @@ def report(tandem_results: list[dict], peer: list[dict], seconds: float, catalog
             lags = " | ".join(r["lags"][name] for name in QUERIES)
             visible = " / ".join("-" if r["visible"][name] is None else f"{r['visible'][name]:.1f}" for name in QUERIES)
             covered = max(r["max_covered"].values(), default=0)
-            split = " / ".join(f"{r['cpu_split'][part]:.0f}" for part in ("controller", "replicas", "jvms"))
+            split = " / ".join(f"{us:.0f}" for us in r["cpu_split"].values())  # _pids' order
             print(f"| {r['rate']:g} ({r['threads']} thread{'s' if r['threads'] > 1 else ''}) | {r['achieved']:.1f} | {r['failed']} / {r['missing']} | {lags} | {visible} s | {r['cpu_us_per_row']:.0f} us ({split}) | {covered} |")
     if peer:
         print("\n| rate (appends/s) | Structured Streaming: achieved | lag p50 / p99, trend | last file visible after | CPU per row |")

@@ -96,10 +96,7 @@ def manifest_tail(session: Session, id: str, known_upper: int | None, known_batc
     connection = session.connection()
     whole = known_upper is None or connection.execute(_BATCHES_BELOW, {"id": id, "upper": known_upper}).scalar_one() != known_batches
     query = _BATCH_ROWS if whole else _BATCH_ROWS.where(_BATCHES.c.lower >= known_upper)
-    batches = tuple(
-        BatchInfo(b.id, b.collection_id, b.lower, frontier_from_db(b.upper), b.path, b.rows, b.bytes)
-        for b in connection.execute(query, {"id": id})
-    )
+    batches = tuple(batch_info(b) for b in connection.execute(query, {"id": id}))
     return ManifestTail(collection_info(row), batches, whole)
 
 

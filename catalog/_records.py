@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from sqlalchemy import Row
+
 from catalog._models import Batch, Collection, Dataflow, Event, Instance, ReadHold, Reconfiguration, Replica, frontier_from_db
 from history import (
     ComputeParameters,
@@ -324,7 +326,8 @@ def dataflow_info(row: Dataflow) -> DataflowInfo:
     )
 
 
-def batch_info(row: Batch) -> BatchInfo:
+def batch_info(row: Batch | Row) -> BatchInfo:
+    """From an ORM object or a Core row of the `batches` table (same attributes)."""
     return BatchInfo(
         id=row.id,
         collection_id=row.collection_id,

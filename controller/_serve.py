@@ -173,7 +173,7 @@ async def serve(
             raise ControllerError(
                 "UNAVAILABLE",
                 f"handed the lead over to {front.successor}, which did not say it serves: it, or a standby once its lease "
-                "lapses, takes over; a controller started again here takes the lead if none has",
+                "lapses, takes over; a controller started again here takes the lead at once (fencing the successor's)",
             )
         print(f"handed the lead over to {front.leader_address}", flush=True)
         return
